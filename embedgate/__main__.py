@@ -1,0 +1,5 @@
+import sys
+
+from embedgate.cli import main
+
+sys.exit(main())

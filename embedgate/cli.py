@@ -1,0 +1,47 @@
+"""``embedgate <command>``: the one entry point; every command module is imported lazily.
+
+Each module listed in ``_COMMAND_MODULES`` defines ``register(subparsers)``, which adds its subcommands with
+``parser.set_defaults(func=<callable(args) -> int>)``. Those modules must stay light at import (no TensorFlow, no
+grpc servers): heavy imports happen inside the command function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["build_parser", "main"]
+
+_COMMAND_MODULES = (
+    "embedgate.export.cli",  # export, demo-model, tables, placement
+    "embedgate.localserve.cli",  # serve-local
+    "gateway.cli",  # gateway
+    "updater.cli",  # updater, publish
+    "embedgate.devkafka",  # kafka (development broker)
+    "embedgate.demo_stack",  # demo (what `make run` starts)
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embedgate", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue  # a command module not written yet
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The exported model's manifest: ``<out>/<model>/manifest.json``.
+
+Written by the exporter, read by the gateway (feature validation, routing, pooling, entry inputs), the updater
+(table dims, shard routing) and the producer. It is the single description of the entry/PS split:
+
+* every **table** lives hash-partitioned over ``partition.num_shards`` PS servables (``ps_<i>``); an id's shard is
+  :func:`schemas.partition.shard_for` of the id;
+* every **sparse feature** reads one table: a single id per example (``kind=single``) or a variable-length list
+  of ids (``kind=multi``), optionally with one float weight per id, pooled with ``combiner``;
+* every **dense feature** is a float32 vector of ``dim`` values per example;
+* the **entry** servable takes, per example, one pooled float32[dim] per sparse feature (input named after the
+  feature) and every dense feature (input named after it), and returns ``entry.outputs``.
+
+PS servable signatures (the contract between exporter, gateway and updater; names from the functions below):
+
+================  =====================================================  ===========================================
+signature         inputs                                                 outputs
+================  =====================================================  ===========================================
+``lookup``        ``<table>_ids`` int64 [n] for **every** table          ``<table>_values`` float32 [n, dim]
+``upsert_<t>``    ``ids`` int64 [n], ``values`` float32 [n, dim]          ``rows`` int64 [] (rows in table after)
+``delete_<t>``    ``ids`` int64 [n]                                      ``rows`` int64 []
+``row_count``     (none)                                                 ``<table>_rows`` int64 [] for every table
+================  =====================================================  ===========================================
+
+Unknown ids look up to the table's default row (every element ``default_value``). An upsert of an id already present
+replaces its row; within one upsert call the last occurrence of an id wins. Deleting an absent id is a no-op.
+
+Served model names (placement, gateway defaults): ``<model>_entry`` and ``<model>_ps_<i>``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from schemas.partition import PARTITION_FUNCTION
+
+__all__ = [
+    "MANIFEST_FILE",
+    "Combiner",
+    "DenseFeatureSpec",
+    "EntrySpec",
+    "FeatureKind",
+    "Manifest",
+    "ManifestError",
+    "OutputSpec",
+    "PartitionSpec",
+    "SparseFeatureSpec",
+    "TableSpec",
+    "entry_model_name",
+    "lookup_ids_input",
+    "lookup_values_output",
+    "ps_dir_name",
+    "ps_model_name",
+    "row_count_output",
+    "LOOKUP_SIGNATURE",
+    "ROW_COUNT_SIGNATURE",
+    "upsert_signature",
+    "delete_signature",
+]
+
+MANIFEST_FILE = "manifest.json"
+FORMAT_VERSION = 1
+
+LOOKUP_SIGNATURE = "lookup"
+ROW_COUNT_SIGNATURE = "row_count"
+
+_NAME = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
+Name = Annotated[str, Field(pattern=_NAME, description="letters, digits and _; starts with a letter; <= 64 chars")]
+
+
+def upsert_signature(table: str) -> str:
+    return f"upsert_{table}"
+
+
+def delete_signature(table: str) -> str:
+    return f"delete_{table}"
+
+
+def lookup_ids_input(table: str) -> str:
+    return f"{table}_ids"
+
+
+def lookup_values_output(table: str) -> str:
+    return f"{table}_values"
+
+
+def row_count_output(table: str) -> str:
+    return f"{table}_rows"
+
+
+def ps_dir_name(shard: int) -> str:
+    return f"ps_{shard}"
+
+
+def entry_model_name(model: str) -> str:
+    return f"{model}_entry"
+
+
+def ps_model_name(model: str, shard: int) -> str:
+    return f"{model}_ps_{shard}"
+
+
+class ManifestError(ValueError):
+    """A manifest file that is missing, unreadable or invalid; the message names the file and the problem."""
+
+
+class Combiner(StrEnum):
+    SUM = "sum"  # sum_i w_i * e_i
+    MEAN = "mean"  # sum_i w_i * e_i / sum_i w_i   (0 when sum_i w_i == 0)
+    SQRTN = "sqrtn"  # sum_i w_i * e_i / sqrt(sum_i w_i^2)   (0 when no ids)
+
+
+class FeatureKind(StrEnum):
+    SINGLE = "single"  # exactly one id per example
+    MULTI = "multi"  # zero or more ids per example
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TableSpec(_Strict):
+    name: Name
+    dim: int = Field(gt=0, le=65536)
+    default_value: float = Field(0.0, description="every element of the row returned for an unknown id")
+    allow_nan: bool = Field(False, description="whether rows may contain NaN/Inf (the updater rejects them if not)")
+    rows: int = Field(0, ge=0, description="rows exported with the model (informational)")
+
+
+class SparseFeatureSpec(_Strict):
+    name: Name
+    table: Name
+    kind: FeatureKind = FeatureKind.SINGLE
+    combiner: Combiner = Combiner.SUM
+    weights: Name | None = Field(
+        None, description="name of the optional per-id float weight input; None = every weight is 1"
+    )
+    max_ids: int | None = Field(None, gt=0, description="longest id list accepted per example (multi only)")
+
+
+class DenseFeatureSpec(_Strict):
+    name: Name
+    dim: int = Field(1, gt=0, description="float32 values per example")
+
+
+class PartitionSpec(_Strict):
+    function: Literal["splitmix64_mod"] = PARTITION_FUNCTION
+    num_shards: int = Field(gt=0, le=4096)
+
+
+class OutputSpec(_Strict):
+    name: Name
+    dtype: Literal["float32", "float64", "int32", "int64"] = "float32"
+    shape: list[int] = Field(description="per-example shape, without the batch dimension; -1 = unknown")
+
+
+class EntrySpec(_Strict):
+    signature_name: str = "serving_default"
+    outputs: list[OutputSpec] = Field(min_length=1)
+
+
+class Manifest(_Strict):
+    format_version: Literal[1] = FORMAT_VERSION
+    model_name: Name
+    version: int = Field(gt=0, description="numeric version directory of entry and every ps_<i>")
+    tables: list[TableSpec] = Field(min_length=1)
+    sparse_features: list[SparseFeatureSpec] = Field(min_length=1)
+    dense_features: list[DenseFeatureSpec] = Field(default_factory=list)
+    partition: PartitionSpec
+    entry: EntrySpec
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Manifest:
+        tables = [t.name for t in self.tables]
+        if dup := _first_duplicate(tables):
+            raise ValueError(f"table {dup!r} is declared twice")
+        names = [f.name for f in self.sparse_features] + [f.name for f in self.dense_features]
+        names += [f.weights for f in self.sparse_features if f.weights]
+        if dup := _first_duplicate(names):
+            raise ValueError(f"input name {dup!r} is used by more than one feature")
+        for f in self.sparse_features:
+            if f.table not in tables:
+                raise ValueError(f"sparse feature {f.name!r} reads table {f.table!r}, which is not declared")
+            if f.kind is FeatureKind.SINGLE and f.max_ids is not None:
+                raise ValueError(f"sparse feature {f.name!r}: max_ids applies to kind 'multi' only")
+        return self
+
+    # -- lookups ------------------------------------------------------------------------------------------------
+    def table(self, name: str) -> TableSpec:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def sparse(self, name: str) -> SparseFeatureSpec:
+        for f in self.sparse_features:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    @property
+    def num_shards(self) -> int:
+        return self.partition.num_shards
+
+    # -- files --------------------------------------------------------------------------------------------------
+    def dumps(self) -> str:
+        return self.model_dump_json(indent=2) + "\n"
+
+    @classmethod
+    def load(cls, path: str | Path) -> Manifest:
+        """Read ``path`` (a manifest.json or the model directory holding one); errors name the file."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / MANIFEST_FILE
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ManifestError(f"{p}: cannot read manifest: {exc.strerror or exc}") from exc
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as exc:
+            raise ManifestError(f"{p}: invalid manifest: {_describe(exc)}") from exc
+
+
+def _first_duplicate(names: list[str]) -> str | None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            return n
+        seen.add(n)
+    return None
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "<root>"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
