@@ -1,0 +1,1 @@
+"""Pure codecs: JSON tensors, TensorProto <-> numpy, tf.Example. No I/O."""
