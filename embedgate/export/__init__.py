@@ -1,0 +1,7 @@
+"""Exporter: Keras model -> ``entry`` + sharded ``ps_<i>`` SavedModels + manifest; HPS table files; demo; placement.
+
+Submodules are imported on use (TensorFlow is heavy): ``embedgate.export.exporter``, ``.ps``, ``.tables``,
+``.declaration``, ``.layers``, ``.pooling``, ``.instances``, ``.demo``, ``.placement``, ``.cli``.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,361 @@
+"""Export a trained Keras model as Monolith-style serving artifacts: ``entry`` + ``ps_0..ps_N-1`` + manifest.
+
+::
+
+    <out>/<model>/manifest.json
+    <out>/<model>/entry/<version>/      SavedModel, signature serving_default: pooled sparse + dense -> outputs
+    <out>/<model>/ps_<i>/<version>/     SavedModel, core-TF hash tables with shard i's rows of every table
+
+The entry model is the sub-graph of the Keras model from the declared pooled tensors and dense inputs to the
+outputs. Writing is atomic: everything is built in a hidden temp directory next to the destination and renamed into
+place at the end (the whole model directory in one rename when it is new; otherwise one rename per version
+directory, rolled back on failure), so no reader ever sees a half-written version directory.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from embedgate.export.declaration import Declaration, DeclarationError, load_declaration
+from embedgate.export.ps import Rows, write_ps_shard
+from embedgate.export.tables import TableFileError, check_rows, read_table
+from schemas.manifest import (
+    MANIFEST_FILE,
+    DenseFeatureSpec,
+    EntrySpec,
+    Manifest,
+    OutputSpec,
+    PartitionSpec,
+    SparseFeatureSpec,
+    TableSpec,
+    ps_dir_name,
+)
+from schemas.partition import shard_for
+
+__all__ = ["ExportError", "ExportResult", "export_model", "next_version", "write_artifacts"]
+
+ENTRY_DIR = "entry"
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+
+
+class ExportError(ValueError):
+    """The export cannot proceed (e.g. the version exists); the message names the path and the problem."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    model_dir: Path  # <out>/<model>
+    version: int
+    manifest: Manifest
+
+
+@dataclass
+class _Plan:
+    tables: list[TableSpec]
+    rows: dict[str, Rows]
+    sparse: list[SparseFeatureSpec]
+    dense: list[DenseFeatureSpec]
+    entry: Any  # keras.Model
+    outputs: list[OutputSpec]
+
+
+def export_model(
+    model: Any,
+    declaration: Declaration | str | Path,
+    out_dir: str | Path,
+    *,
+    num_shards: int = 2,
+    version: int | None = None,
+    overwrite: bool = False,
+    tables: Mapping[str, Rows | str | Path] | None = None,
+) -> ExportResult:
+    """Export ``model`` (a keras.Model or a ``.keras`` file) as ``<out_dir>/<model_name>/``.
+
+    ``version`` None = one more than the highest existing version (1 for a new model). An existing version is
+    refused unless ``overwrite``. ``tables`` replaces the rows of named tables (instead of the Embedding layer's
+    weights) with ``(ids, vectors)`` arrays or an HPS table directory, so tables trained elsewhere can be served.
+    """
+    decl = declaration if isinstance(declaration, Declaration) else load_declaration(declaration)
+    if num_shards < 1:
+        raise ExportError(f"num_shards must be >= 1, got {num_shards}")
+    keras_model = _load_model(model)
+    plan = _plan(keras_model, decl, tables or {})
+    model_dir = Path(out_dir) / decl.model_name
+    ver = next_version(model_dir) if version is None else version
+    if ver < 1:
+        raise ExportError(f"version must be >= 1, got {ver}")
+    manifest = Manifest(
+        model_name=decl.model_name,
+        version=ver,
+        tables=plan.tables,
+        sparse_features=plan.sparse,
+        dense_features=plan.dense,
+        partition=PartitionSpec(num_shards=num_shards),
+        entry=EntrySpec(outputs=plan.outputs),
+    )
+
+    def build(tmp: Path) -> None:
+        _save_entry(plan.entry, plan.sparse, plan.dense, plan.tables, plan.outputs, tmp / ENTRY_DIR)
+        shards = {t.name: shard_for(plan.rows[t.name][0], num_shards) for t in plan.tables}
+        for i in range(num_shards):
+            part = {}
+            for t in plan.tables:
+                ids, vals = plan.rows[t.name]
+                sel = shards[t.name] == i
+                part[t.name] = (ids[sel], vals[sel])
+            write_ps_shard(tmp / ps_dir_name(i), plan.tables, part)
+
+    write_artifacts(model_dir, manifest, build, overwrite=overwrite)
+    return ExportResult(model_dir=model_dir, version=ver, manifest=manifest)
+
+
+def next_version(model_dir: Path) -> int:
+    """One more than the highest numeric version under ``entry`` or any ``ps_<i>`` (1 when there is none)."""
+    best = 0
+    if model_dir.is_dir():
+        for sub in model_dir.iterdir():
+            if sub.is_dir() and (sub.name == ENTRY_DIR or sub.name.startswith("ps_")):
+                best = max([best] + [int(v.name) for v in sub.iterdir() if v.name.isdigit()])
+    return best + 1
+
+
+def write_artifacts(model_dir: Path, manifest: Manifest, build: Any, *, overwrite: bool = False) -> None:
+    """Atomically publish version ``manifest.version``: ``build(tmp)`` writes ``tmp/entry``, ``tmp/ps_<i>``."""
+    ver = str(manifest.version)
+    subdirs = [ENTRY_DIR] + [ps_dir_name(i) for i in range(manifest.num_shards)]
+    existing = [model_dir / s / ver for s in subdirs if (model_dir / s / ver).exists()]
+    if existing and not overwrite:
+        raise ExportError(f"{existing[0]}: version {ver} already exists (pass overwrite=True / --overwrite)")
+    parent = model_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.export-", dir=parent))
+    try:
+        stage = tmp / "stage"
+        stage.mkdir()
+        build(stage)
+        if not model_dir.exists():
+            # New model: lay out the whole model directory, then publish it with one rename.
+            new = tmp / "model"
+            new.mkdir()
+            for s in subdirs:
+                (new / s).mkdir()
+                (stage / s).rename(new / s / ver)
+            (new / MANIFEST_FILE).write_text(manifest.dumps(), encoding="utf-8")
+            new.rename(model_dir)
+            return
+        _publish_into(model_dir, stage, subdirs, ver, tmp)
+        mtmp = tmp / MANIFEST_FILE
+        mtmp.write_text(manifest.dumps(), encoding="utf-8")
+        mtmp.replace(model_dir / MANIFEST_FILE)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish_into(model_dir: Path, stage: Path, subdirs: list[str], ver: str, tmp: Path) -> None:
+    """Rename each staged version dir into place (PS first, entry last); undo everything on failure."""
+    old = tmp / "old"
+    old.mkdir()
+    moved_old: list[tuple[Path, Path]] = []
+    placed: list[Path] = []
+    try:
+        for s in subdirs[1:] + subdirs[:1]:
+            dest = model_dir / s / ver
+            dest.parent.mkdir(exist_ok=True)
+            if dest.exists():
+                aside = old / s
+                dest.rename(aside)
+                moved_old.append((aside, dest))
+            (stage / s).rename(dest)
+            placed.append(dest)
+    except BaseException:
+        for dest in placed:
+            shutil.rmtree(dest, ignore_errors=True)
+        for aside, dest in moved_old:
+            aside.rename(dest)
+        raise
+
+
+# -- analysis ---------------------------------------------------------------------------------------------------
+def _load_model(model: Any) -> Any:
+    import keras
+
+    import embedgate.export.layers  # noqa: F401  (registers EmbeddingPooling for deserialisation)
+
+    if isinstance(model, (str, Path)):
+        p = Path(model)
+        if not p.exists():
+            raise DeclarationError(f"{p}: model file does not exist")
+        return keras.saving.load_model(p)
+    if not isinstance(model, keras.Model):
+        raise DeclarationError(f"expected a keras.Model or a .keras file, got {type(model).__name__}")
+    return model
+
+
+def _plan(model: Any, decl: Declaration, table_rows: Mapping[str, Rows | str | Path]) -> _Plan:
+    import keras
+
+    inputs = {t.name: t for t in model.inputs}
+
+    def need_input(what: str, name: str) -> Any:
+        if name not in inputs:
+            raise DeclarationError(f"{what}: {name!r} is not an input of the model (inputs: {sorted(inputs)})")
+        return inputs[name]
+
+    def layer(what: str, name: str) -> Any:
+        try:
+            return model.get_layer(name)
+        except ValueError:
+            raise DeclarationError(f"{what}: the model has no layer {name!r}") from None
+
+    table_specs: dict[str, TableSpec] = {}
+    table_weights: dict[str, Any] = {}
+    sparse: list[SparseFeatureSpec] = []
+    entry_inputs: dict[str, Any] = {}
+    for f in decl.sparse:
+        what = f"sparse feature {f.name!r}"
+        need_input(what, f.ids_input)
+        for extra in (f.weights, f.mask):
+            if extra is not None:
+                need_input(what, extra)
+        emb = layer(what, f.table)
+        if not isinstance(emb, keras.layers.Embedding):
+            raise DeclarationError(f"{what}: layer {f.table!r} is a {type(emb).__name__}, not a keras.layers.Embedding")
+        dim = int(emb.output_dim)
+        if f.table not in table_specs:
+            tdecl = decl.tables.get(f.table)
+            table_specs[f.table] = TableSpec(
+                name=f.table,
+                dim=dim,
+                default_value=tdecl.default_value if tdecl else 0.0,
+                allow_nan=tdecl.allow_nan if tdecl else False,
+            )
+            table_weights[f.table] = emb
+        pooled_layer = layer(what, f.pooled)
+        if len(pooled_layer._inbound_nodes) != 1:
+            raise DeclarationError(
+                f"{what}: pooled layer {f.pooled!r} is called {len(pooled_layer._inbound_nodes)} times; "
+                "name a layer called once"
+            )
+        pooled = pooled_layer.output
+        if isinstance(pooled, (list, tuple, dict)):
+            raise DeclarationError(f"{what}: pooled layer {f.pooled!r} has several outputs")
+        shape = tuple(pooled.shape)
+        if len(shape) != 2 or shape[1] != dim:
+            raise DeclarationError(
+                f"{what}: pooled layer {f.pooled!r} outputs shape {shape}, expected (None, {dim}) to match the "
+                f"dim {dim} of table {f.table!r}"
+            )
+        entry_inputs[f.name] = pooled
+        sparse.append(
+            SparseFeatureSpec(
+                name=f.name, table=f.table, kind=f.kind, combiner=f.combiner, weights=f.weights, max_ids=f.max_ids
+            )
+        )
+    dense: list[DenseFeatureSpec] = []
+    for d in decl.dense:
+        t = need_input(f"dense feature {d.name!r}", d.name)
+        shape = tuple(t.shape)
+        if shape != (None, d.dim):
+            raise DeclarationError(
+                f"dense feature {d.name!r}: model input has shape {shape}, declared dim {d.dim} needs (None, {d.dim})"
+            )
+        entry_inputs[d.name] = t
+        dense.append(DenseFeatureSpec(name=d.name, dim=d.dim))
+
+    entry = _entry_model(model, entry_inputs)
+
+    rows: dict[str, Rows] = {}
+    for name, spec in table_specs.items():
+        given = table_rows.get(name)
+        if given is None:
+            weights = np.asarray(table_weights[name].embeddings.numpy(), dtype=np.float32)
+            rows[name] = (np.arange(len(weights), dtype=np.int64), weights)
+        elif isinstance(given, (str, Path)):
+            keys, vectors = read_table(given)
+            if vectors.shape[1] != spec.dim:
+                raise TableFileError(
+                    f"{Path(given)}: table {name!r} rows have dim {vectors.shape[1]}, the declaration's Embedding "
+                    f"layer has dim {spec.dim}"
+                )
+            rows[name] = (keys, vectors)
+        else:
+            rows[name] = check_rows(*given, dim=spec.dim, where=f"table {name!r}")
+        spec_rows = len(rows[name][0])
+        table_specs[name] = spec.model_copy(update={"rows": spec_rows})
+    for name in table_rows:
+        if name not in table_specs:
+            raise DeclarationError(f"tables: {name!r} is not a declared table (tables: {sorted(table_specs)})")
+    outputs = _outputs(model)
+    return _Plan(list(table_specs.values()), rows, sparse, dense, entry, outputs)
+
+
+def _entry_model(model: Any, entry_inputs: dict[str, Any]) -> Any:
+    import keras
+
+    try:
+        # A list, not a dict: Keras warns when dict keys differ from the (intermediate) tensors' names.
+        entry = keras.Model(inputs=list(entry_inputs.values()), outputs=model.outputs, name=f"{model.name}_entry")
+    except Exception as exc:  # noqa: BLE001 - keras raises ValueError/KeyError/... for disconnected graphs
+        raise DeclarationError(
+            f"cannot cut the entry sub-graph from the pooled tensors and dense inputs to the outputs: {exc}. "
+            "Every model input that reaches an output other than through a declared pooled layer must be "
+            "declared as a dense feature"
+        ) from exc
+    for lyr in entry.layers:
+        if isinstance(lyr, keras.layers.Embedding):
+            raise DeclarationError(
+                f"Embedding layer {lyr.name!r} is still inside the entry sub-graph: declare a sparse feature for "
+                "it (and its pooled layer)"
+            )
+    return entry
+
+
+def _outputs(model: Any) -> list[OutputSpec]:
+    names = list(model.output_names)
+    specs = []
+    for name, t in zip(names, model.outputs, strict=True):
+        if not _NAME_RE.match(name):
+            raise DeclarationError(f"model output {name!r} is not a valid output name (letters, digits, _)")
+        dtype = str(t.dtype)
+        if dtype not in ("float32", "float64", "int32", "int64"):
+            raise DeclarationError(f"model output {name!r} has dtype {dtype}, not one of float32/float64/int32/int64")
+        specs.append(OutputSpec(name=name, dtype=dtype, shape=[-1 if s is None else int(s) for s in t.shape[1:]]))
+    return specs
+
+
+def _save_entry(
+    entry: Any,
+    sparse: list[SparseFeatureSpec],
+    dense: list[DenseFeatureSpec],
+    tables: list[TableSpec],
+    outputs: list[OutputSpec],
+    path: Path,
+) -> None:
+    import tensorflow as tf
+
+    dims = {t.name: t.dim for t in tables}
+    specs = [tf.TensorSpec([None, dims[f.table]], tf.float32, name=f.name) for f in sparse]
+    specs += [tf.TensorSpec([None, d.dim], tf.float32, name=d.name) for d in dense]
+    out_names = [o.name for o in outputs]
+
+    def serve(*xs: Any) -> dict[str, Any]:
+        result = entry(list(xs), training=False)
+        if not isinstance(result, (list, tuple)):
+            result = [result]
+        return dict(zip(out_names, result, strict=True))
+
+    module = tf.Module()
+    # Track the underlying tf.Variables explicitly (as keras.export.ExportArchive does): tracking the Keras model
+    # object alone leaves them out of the checkpoint that the TF1 loader restores.
+    module.entry_variables = [getattr(v, "value", v) for v in entry.variables]
+    fn = tf.function(serve, input_signature=specs)
+    tf.saved_model.save(module, str(path), signatures={"serving_default": fn})

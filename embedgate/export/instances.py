@@ -1,0 +1,71 @@
+"""Gateway-format instances (contracts.md, "Gateway request format") <-> Keras model inputs. Pure numpy.
+
+An instance is a dict: a single-id feature takes an int (or a one-element list), a multi feature a list of ids
+(maybe empty) and optionally ``<weights>`` a list of floats of the same length (default all 1), a dense feature a
+list of ``dim`` floats (or a number when dim == 1). On the Keras side a multi feature is padded ids [B, L] plus
+weights (or a 0/1 mask) [B, L] with 0 on padding; ``L`` is the Keras input's static length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from embedgate.export.declaration import Declaration
+from schemas.manifest import FeatureKind
+
+__all__ = ["feature_ids", "to_keras_inputs"]
+
+
+def feature_ids(instance: Mapping[str, Any], name: str, weights: str | None) -> tuple[list[int], list[float]]:
+    """The ids and weights of sparse feature ``name`` in one instance (weights default to 1)."""
+    if name not in instance:
+        raise ValueError(f"instance has no feature {name!r}")
+    raw = instance[name]
+    ids = [int(raw)] if isinstance(raw, (int, np.integer)) else [int(x) for x in raw]
+    w = [1.0] * len(ids)
+    if weights is not None and weights in instance:
+        w = [float(x) for x in instance[weights]]
+        if len(w) != len(ids):
+            raise ValueError(f"feature {name!r}: {len(ids)} ids but {len(w)} weights in {weights!r}")
+    return ids, w
+
+
+def to_keras_inputs(
+    instances: Sequence[Mapping[str, Any]], decl: Declaration, input_shapes: Mapping[str, tuple[Any, ...]]
+) -> dict[str, npt.NDArray[Any]]:
+    """The whole Keras model's inputs for ``instances``; ``input_shapes`` = Keras input name -> shape with batch."""
+    b = len(instances)
+    out: dict[str, npt.NDArray[Any]] = {}
+    for f in decl.sparse:
+        shape = tuple(input_shapes[f.ids_input])
+        rows = [feature_ids(inst, f.name, f.weights) for inst in instances]
+        if f.kind is FeatureKind.SINGLE and len(shape) <= 2 and (len(shape) == 1 or shape[1] == 1):
+            ids = np.array([r[0][0] for r in rows], np.int64)
+            out[f.ids_input] = ids if len(shape) == 1 else ids[:, None]
+            if f.weights:
+                w = np.array([r[1][0] for r in rows], np.float32)
+                out[f.weights] = w if len(tuple(input_shapes[f.weights])) == 1 else w[:, None]
+            continue
+        length = int(shape[1])
+        ids = np.zeros((b, length), np.int64)
+        w = np.zeros((b, length), np.float32)
+        for i, (r_ids, r_w) in enumerate(rows):
+            if len(r_ids) > length:
+                raise ValueError(f"instance {i}: feature {f.name!r} has {len(r_ids)} ids, the model takes {length}")
+            ids[i, : len(r_ids)] = r_ids
+            w[i, : len(r_w)] = r_w
+        out[f.ids_input] = ids
+        if f.weights:
+            out[f.weights] = w
+        elif f.mask:
+            out[f.mask] = (np.arange(length)[None, :] < np.array([len(r[0]) for r in rows])[:, None]).astype(
+                np.float32
+            )
+    for d in decl.dense:
+        vals = [np.atleast_1d(np.asarray(inst[d.name], np.float32)) for inst in instances]
+        out[d.name] = np.stack(vals).reshape(b, d.dim)
+    return out
