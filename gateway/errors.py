@@ -10,7 +10,9 @@
      ├── DeadlineExceeded     DEADLINE_EXCEEDED    backend call passed the request deadline (504)
      ├── ResourceExhausted    RESOURCE_EXHAUSTED   too many requests in flight (429, retriable)
      ├── Unavailable          UNAVAILABLE          backend down / overloaded (503, retriable)
-     └── Internal             INTERNAL             our bug or a backend answer we cannot read
+     ├── Internal             INTERNAL             our bug or a backend answer we cannot read
+     └── (relayed backend codes) Cancelled, AlreadyExists, PermissionDenied, Aborted, OutOfRange, DataLoss,
+                                 Unauthenticated: only produced by ``error_for_code`` from a backend status
 
 Messages name what was wrong: feature, example index, input name. ``BackendError`` translation from grpc errors lives
 in ``gateway/backends``; this module has no grpc import so pure codecs can raise these errors.
@@ -34,6 +36,15 @@ __all__ = [
     "Unavailable",
     "Unimplemented",
     "http_status",
+    "Aborted",
+    "AlreadyExists",
+    "Cancelled",
+    "DataLoss",
+    "OutOfRange",
+    "PermissionDenied",
+    "Unauthenticated",
+    "error_for_code",
+    "status_string",
 ]
 
 
@@ -136,3 +147,65 @@ class Unavailable(GatewayError):
 
 class Internal(GatewayError):
     code = Code.INTERNAL
+
+
+class Cancelled(GatewayError):
+    code = Code.CANCELLED
+
+
+class AlreadyExists(GatewayError):
+    code = Code.ALREADY_EXISTS
+
+
+class PermissionDenied(GatewayError):
+    code = Code.PERMISSION_DENIED
+
+
+class Aborted(GatewayError):
+    code = Code.ABORTED
+
+
+class OutOfRange(GatewayError):
+    code = Code.OUT_OF_RANGE
+
+
+class DataLoss(GatewayError):
+    code = Code.DATA_LOSS
+
+
+class Unauthenticated(GatewayError):
+    code = Code.UNAUTHENTICATED
+
+
+_BY_CODE: dict[Code, type[GatewayError]] = {
+    Code.CANCELLED: Cancelled,
+    Code.UNKNOWN: GatewayError,
+    Code.INVALID_ARGUMENT: InvalidArgument,
+    Code.DEADLINE_EXCEEDED: DeadlineExceeded,
+    Code.NOT_FOUND: NotFound,
+    Code.ALREADY_EXISTS: AlreadyExists,
+    Code.PERMISSION_DENIED: PermissionDenied,
+    Code.RESOURCE_EXHAUSTED: ResourceExhausted,
+    Code.FAILED_PRECONDITION: FailedPrecondition,
+    Code.ABORTED: Aborted,
+    Code.OUT_OF_RANGE: OutOfRange,
+    Code.UNIMPLEMENTED: Unimplemented,
+    Code.INTERNAL: Internal,
+    Code.UNAVAILABLE: Unavailable,
+    Code.DATA_LOSS: DataLoss,
+    Code.UNAUTHENTICATED: Unauthenticated,
+}
+
+
+def error_for_code(code: Code | int, message: str) -> GatewayError:
+    """The GatewayError subclass carrying ``code`` (OK and unknown numbers become UNKNOWN -> 500)."""
+    try:
+        cls = _BY_CODE.get(Code(code), GatewayError)
+    except ValueError:
+        cls = GatewayError
+    return cls(message)
+
+
+def status_string(err: GatewayError) -> str:
+    """``CODE_NAME: message``, the way TF Serving prints a wrapped ``Status`` (``status.ToString()``)."""
+    return f"{err.code.name}: {err.message}"

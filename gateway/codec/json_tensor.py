@@ -1,0 +1,617 @@
+"""TF Serving's JSON tensor encoding (``tensorflow_serving/util/json_tensor.cc``), pure: no I/O, no grpc.
+
+Request side::
+
+    doc = loads(body)                                   # NaN/Inf tokens, int vs float literals kept apart
+    sig = signature_name(doc)                           # "" when absent
+    tensors, fmt = tensors_from_request(doc, dtypes)    # {input: ndarray} + ROW ("instances") / COLUMNAR ("inputs")
+
+``dtypes`` maps each signature input to its ``DataType`` (from GetModelMetadata); shapes come from the JSON only
+(first element at each level), exactly as TF Serving infers them. Errors are ``InvalidArgument`` (or
+``Unimplemented`` for dtypes JSON cannot express) with TF Serving's texts.
+
+Response side::
+
+    predict_response(outputs, fmt) -> bytes             # {"predictions": ...} or {"outputs": ...}
+    regress_response(values) / classify_response(classes) / error_body(message)
+
+Floats are written as TF Serving writes them (``%g``; full precision when that does not round-trip; ``.0`` appended
+to whole numbers; ``NaN``/``Infinity``/``-Infinity`` tokens); DT_STRING outputs named ``*_bytes`` as ``{"b64": ...}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import orjson
+
+from gateway.errors import GatewayError, InvalidArgument, Unimplemented, status_string
+from schemas.proto import tfs_pb2
+
+__all__ = [
+    "Format",
+    "b64decode",
+    "check_request_keys",
+    "classify_response",
+    "debug_string",
+    "dtype_name",
+    "error_body",
+    "format_float",
+    "loads",
+    "predict_response",
+    "regress_response",
+    "signature_name",
+    "tensors_from_request",
+]
+
+DT = tfs_pb2.DataType
+_MAX_DEBUG = 256
+
+
+class Format(Enum):
+    ROW = "instances"
+    COLUMNAR = "inputs"
+
+
+# ---- parsing --------------------------------------------------------------------------------------------------
+
+# A JSON string (kept as is) or a NaN/Inf token outside strings (rewritten to Python json's spelling).
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|(-?)(Infinity|Inf|NaN)\b', re.DOTALL)
+_PY_JSON_ERRORS = (
+    ("Expecting value", "Invalid value."),
+    ("Expecting property name", "Missing a name for object member."),
+    ("Expecting ':'", "Missing a colon after a name of object member."),
+    ("Expecting ',' delimiter", "Missing a comma or ']' after an array element."),
+    ("Unterminated string", "Missing a closing quotation mark in string."),
+    ("Invalid control character", "Invalid encoding in string."),
+    ("Invalid \\escape", "Invalid escape character in string."),
+)
+
+
+def _fix_token(m: re.Match[str]) -> str:
+    word = m.group(2)
+    if word is None:
+        return m.group(0)
+    if word == "NaN":
+        return "NaN"  # -NaN is NaN
+    return ("-" if m.group(1) else "") + "Infinity"
+
+
+def loads(data: bytes | str) -> Any:
+    """Parse a request body as rapidjson does for TF Serving; the root must be an object.
+
+    Integer literals stay ``int`` (any size), literals with ``.``/exponent become ``float``; ``NaN``, ``Inf``,
+    ``Infinity`` (optionally with ``-``) are accepted; bytes after the root value are ignored.
+    """
+    if not data:
+        raise InvalidArgument("JSON Parse error: The document is empty")
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        doc = _slow_loads(data)
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"JSON Value: {debug_string(doc)} Is not object")
+    return doc
+
+
+def _slow_loads(data: bytes | str) -> Any:
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    start = len(text) - len(text.lstrip(" \t\r\n"))
+    if start == len(text):
+        raise InvalidArgument(f"JSON Parse error: The document is empty. at offset: {start}")
+    fixed = _TOKENS.sub(_fix_token, text) if ("In" in text or "NaN" in text) else text
+    try:
+        doc, _ = json.JSONDecoder().raw_decode(fixed, start)
+    except json.JSONDecodeError as exc:
+        msg = next((r for p, r in _PY_JSON_ERRORS if exc.msg.startswith(p)), "Invalid value.")
+        raise InvalidArgument(f"JSON Parse error: {msg} at offset: {exc.pos}") from None
+    except RecursionError:
+        raise InvalidArgument("JSON Parse error: document nested too deeply") from None
+    return doc
+
+
+def signature_name(doc: Mapping[str, Any]) -> str:
+    """The optional ``signature_name`` ("" when absent); it must be a string."""
+    sig = doc.get("signature_name", "")
+    if not isinstance(sig, str):
+        raise InvalidArgument(
+            f"JSON Value: {debug_string(doc)} not formatted correctly. 'signature_name' key must be a string value."
+        )
+    return sig
+
+
+# ---- debug strings (values quoted in error messages) -------------------------------------------------------------
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "Null"
+    if v is True:
+        return "True"
+    if v is False:
+        return "False"
+    if isinstance(v, dict):
+        return "Object"
+    if isinstance(v, list):
+        return "Array"
+    if isinstance(v, str):
+        return "String"
+    return "Number"
+
+
+def _debug(v: Any, indent: int) -> str:
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, float):
+        return format_float(v, double=True)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list):
+        return "[" + ", ".join(_debug(x, indent) for x in v) + "]"
+    if isinstance(v, dict):
+        if not v:
+            return "{}"
+        pad = " " * (indent + 4)
+        items = [f"{pad}{json.dumps(str(k), ensure_ascii=False)}: {_debug(x, indent + 4)}" for k, x in v.items()]
+        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    return repr(v)
+
+
+def debug_string(v: Any) -> str:
+    """A JSON value as TF Serving quotes it in error messages (pretty-printed, cut at about 256 bytes)."""
+    try:
+        s = _debug(v, 0)
+    except RecursionError:
+        s = "..."
+    if len(s) > _MAX_DEBUG:
+        s = s[:_MAX_DEBUG] + "..."
+    return s
+
+
+def dtype_name(dtype: int) -> str:
+    """``DataTypeString``: ``float``, ``int64``, ``string`` ..."""
+    try:
+        return DT.Name(dtype).removeprefix("DT_").lower()
+    except ValueError:
+        return f"unknown dtype {dtype}"
+
+
+# ---- base64 ------------------------------------------------------------------------------------------------------
+
+_B64_JUNK = re.compile(r"[^A-Za-z0-9+/=.]")
+
+
+def _is_b64(v: Any) -> bool:
+    return isinstance(v, dict) and len(v) == 1 and isinstance(v.get("b64"), str)
+
+
+def b64decode(text: str) -> bytes:
+    """``absl::Base64Unescape``: standard alphabet, whitespace skipped, padding optional (``=`` or ``.``)."""
+    s = "".join(text.split())
+    if _B64_JUNK.search(s):
+        raise InvalidArgument("Unable to base64 decode")
+    s = s.replace(".", "=")
+    body = s.rstrip("=")
+    pad = len(s) - len(body)
+    if "=" in body or len(body) % 4 == 1:
+        raise InvalidArgument("Unable to base64 decode")
+    need = (-len(body)) % 4
+    if pad not in (0, need):
+        raise InvalidArgument("Unable to base64 decode")
+    try:
+        return base64.b64decode(body + "=" * need, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument("Unable to base64 decode") from None
+
+
+# ---- leaves ------------------------------------------------------------------------------------------------------
+
+_INT_RANGES: dict[int, tuple[int, int]] = {
+    DT.DT_INT32: (-(2**31), 2**31 - 1),
+    DT.DT_INT16: (-(2**31), 2**31 - 1),  # TF checks IsInt() only: no 8/16-bit range check
+    DT.DT_INT8: (-(2**31), 2**31 - 1),
+    DT.DT_UINT8: (-(2**31), 2**31 - 1),
+    DT.DT_INT64: (-(2**63), 2**63 - 1),
+    DT.DT_UINT32: (0, 2**32 - 1),
+    DT.DT_UINT64: (0, 2**64 - 1),
+}
+_NP_FOR_JSON: dict[int, Any] = {
+    DT.DT_FLOAT: np.float32,
+    DT.DT_DOUBLE: np.float64,
+    DT.DT_INT32: np.int32,
+    DT.DT_INT16: np.int16,
+    DT.DT_INT8: np.int8,
+    DT.DT_UINT8: np.uint8,
+    DT.DT_INT64: np.int64,
+    DT.DT_UINT32: np.uint32,
+    DT.DT_UINT64: np.uint64,
+    DT.DT_BOOL: np.bool_,
+    DT.DT_STRING: object,
+}
+
+
+def _type_error(v: Any, dtype: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"JSON Value: {debug_string(v)} Type: {_json_type(v)} is not of expected type: {dtype_name(dtype)}"
+    )
+
+
+def _leaf(v: Any, dtype: int) -> Any:
+    t = type(v)
+    if dtype == DT.DT_FLOAT or dtype == DT.DT_DOUBLE:
+        if t is float:
+            return v
+        if t is int:
+            try:
+                return float(v)
+            except OverflowError:
+                return math.inf if v > 0 else -math.inf
+        raise _type_error(v, dtype)
+    if dtype in _INT_RANGES:
+        if t is int:
+            lo, hi = _INT_RANGES[dtype]
+            if lo <= v <= hi:
+                return v
+        raise _type_error(v, dtype)
+    if dtype == DT.DT_BOOL:
+        if t is bool:
+            return v
+        raise _type_error(v, dtype)
+    if dtype == DT.DT_STRING:
+        if t is str:
+            return v.encode("utf-8", errors="surrogateescape")
+        if t is dict:
+            if not _is_b64(v):
+                raise InvalidArgument(f"JSON Value: {debug_string(v)} not formatted correctly for base64 data")
+            return b64decode(v["b64"])
+        raise _type_error(v, dtype)
+    if t is dict:
+        raise _type_error(v, dtype)
+    raise Unimplemented(f"Conversion of JSON Value: {debug_string(v)} to type: {dtype_name(dtype)}")
+
+
+def _shape_of(value: Any) -> list[int]:
+    shape: list[int] = []
+    v = value
+    while isinstance(v, list):
+        shape.append(len(v))
+        if not v:
+            break
+        v = v[0]
+    return shape
+
+
+def _fill(val: Any, level: int, shape: list[int], dtype: int, out: list[Any]) -> None:
+    rank = len(shape)
+    if not isinstance(val, list):
+        if level != rank:
+            raise InvalidArgument(
+                f"JSON Value: {debug_string(val)} found at incorrect level: {level + 1} in the JSON DOM. "
+                f"Expected at level: {rank}"
+            )
+        out.append(_leaf(val, dtype))
+        return
+    if level >= rank:
+        raise InvalidArgument(f"Encountered list at unexpected level: {level} expected < {rank}")
+    if len(val) != shape[level]:
+        raise InvalidArgument(
+            f"Encountered list at unexpected size: {len(val)} at level: {level} expected size: {shape[level]}"
+        )
+    if level == rank - 1:
+        append = out.append
+        for x in val:
+            if isinstance(x, list):
+                raise InvalidArgument(f"Encountered list at unexpected level: {level + 1} expected < {rank}")
+            append(_leaf(x, dtype))
+    else:
+        for x in val:
+            _fill(x, level + 1, shape, dtype, out)
+
+
+def _values(value: Any, dtype: int) -> tuple[list[int], list[Any]]:
+    """Shape (from the first element at each level) and flat leaves of one JSON tensor value."""
+    shape = _shape_of(value)
+    flat: list[Any] = []
+    try:
+        _fill(value, 0, shape, dtype, flat)
+    except RecursionError:
+        raise InvalidArgument("JSON value nested too deeply") from None
+    return shape, flat
+
+
+def _array(flat: list[Any], shape: list[int], dtype: int) -> np.ndarray:
+    np_dtype = _NP_FOR_JSON[dtype]
+    if np_dtype is object:
+        arr = np.empty(len(flat), dtype=object)
+        arr[:] = flat
+    else:
+        with np.errstate(over="ignore"):
+            arr = np.array(flat, dtype=np_dtype)
+    return arr.reshape(shape)
+
+
+def _shape_str(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+# ---- request -----------------------------------------------------------------------------------------------------
+
+
+def tensors_from_request(doc: Mapping[str, Any], dtypes: Mapping[str, int]) -> tuple[dict[str, np.ndarray], Format]:
+    """Signature inputs as numpy arrays from a parsed predict body, by TF Serving's row/columnar rules.
+
+    ``dtypes`` maps signature input names to ``DataType`` values; an empty map is an error (as in TF Serving the
+    caller words it with the signature name, so pass at least one input).
+    """
+    has_instances = "instances" in doc
+    has_inputs = "inputs" in doc
+    if has_instances and has_inputs:
+        raise InvalidArgument(
+            f"JSON Value: {debug_string(dict(doc))} Not formatted correctly expecting only one of 'inputs' or "
+            "'instances' keys to exist "
+        )
+    if has_instances:
+        instances = doc["instances"]
+        if not isinstance(instances, list):
+            raise InvalidArgument(f"JSON Value: {debug_string(dict(doc))} Expecting 'instances' to be an list/array")
+        if not instances:
+            raise InvalidArgument(f"JSON Value: {debug_string(dict(doc))} No values in 'instances' array")
+        return _from_instances(instances, dtypes), Format.ROW
+    if has_inputs:
+        return _from_inputs(doc["inputs"], dtypes), Format.COLUMNAR
+    raise InvalidArgument("Missing 'inputs' or 'instances' key")
+
+
+def check_request_keys(doc: Mapping[str, Any]) -> Format:
+    """Only the instances/inputs presence rules (embedding models parse the values themselves)."""
+    has_instances = "instances" in doc
+    has_inputs = "inputs" in doc
+    if has_instances and has_inputs:
+        raise InvalidArgument(
+            f"JSON Value: {debug_string(dict(doc))} Not formatted correctly expecting only one of 'inputs' or "
+            "'instances' keys to exist "
+        )
+    if has_instances:
+        instances = doc["instances"]
+        if not isinstance(instances, list):
+            raise InvalidArgument(f"JSON Value: {debug_string(dict(doc))} Expecting 'instances' to be an list/array")
+        if not instances:
+            raise InvalidArgument(f"JSON Value: {debug_string(dict(doc))} No values in 'instances' array")
+        return Format.ROW
+    if has_inputs:
+        return Format.COLUMNAR
+    raise InvalidArgument("Missing 'inputs' or 'instances' key")
+
+
+def _is_element_object(v: Any) -> bool:
+    return isinstance(v, dict) and not _is_b64(v)
+
+
+class _Stack:
+    """Per-input accumulation of row-format items (first item fixes size and shape)."""
+
+    def __init__(self, dtype: int) -> None:
+        self.dtype = dtype
+        self.shape: list[int] | None = None
+        self.size = 0
+        self.flat: list[Any] = []
+
+    def add(self, value: Any) -> None:
+        shape, flat = _values(value, self.dtype)
+        if self.shape is None:
+            self.shape, self.size = shape, len(flat)
+        elif self.size != len(flat):
+            raise InvalidArgument(f"Expecting tensor size: {self.size} but got: {len(flat)}")
+        elif self.shape != shape:
+            raise InvalidArgument(f"Expecting shape {_shape_str(self.shape)} but got: {_shape_str(shape)}")
+        self.flat.extend(flat)
+
+
+def _from_instances(instances: list[Any], dtypes: Mapping[str, int]) -> dict[str, np.ndarray]:
+    names = sorted(dtypes)
+    if not isinstance(instances[0], dict) and len(names) > 1:
+        raise InvalidArgument(
+            "instances is a plain list, but expecting list of objects as multiple input tensors required as per "
+            "tensorinfo_map"
+        )
+    objects = _is_element_object(instances[0])
+    stacks: dict[str, _Stack] = {}
+    for i, elem in enumerate(instances):
+        if objects:
+            if not _is_element_object(elem):
+                raise InvalidArgument(f"Expecting object but got list at item {i} of input list")
+            for name, value in elem.items():
+                try:
+                    if name not in dtypes:
+                        raise InvalidArgument(f"JSON object: does not have named input: {name}")
+                    stacks.setdefault(name, _Stack(dtypes[name])).add(value)
+                except GatewayError as exc:
+                    raise InvalidArgument(
+                        f"Failed to process element: {i} key: {name} of 'instances' list. "
+                        f"Error: {status_string(exc)}"
+                    ) from None
+            if set(elem) != set(names):
+                raise InvalidArgument(
+                    f"Failed to process element: {i} of 'instances' list. JSON object: {debug_string(elem)} "
+                    f"keys must be equal to: {','.join(names)}"
+                )
+        else:
+            if _is_element_object(elem):
+                raise InvalidArgument(f"Expecting value/list but got object at item {i} of input list")
+            name = names[0]
+            try:
+                stacks.setdefault(name, _Stack(dtypes[name])).add(elem)
+            except GatewayError as exc:
+                raise InvalidArgument(
+                    f"Failed to process element: {i} of 'instances' list. Error: {status_string(exc)}"
+                ) from None
+    out: dict[str, np.ndarray] = {}
+    for name, st in stacks.items():
+        out[name] = _array(st.flat, [len(instances), *(st.shape or [])], st.dtype)
+    return out
+
+
+def _from_inputs(val: Any, dtypes: Mapping[str, int]) -> dict[str, np.ndarray]:
+    names = sorted(dtypes)
+    if not isinstance(val, dict) or _is_b64(val):
+        if len(names) > 1:
+            raise InvalidArgument(
+                "inputs is a plain value/list, but expecting an object as multiple input tensors required as per "
+                "tensorinfo_map"
+            )
+        shape, flat = _values(val, dtypes[names[0]])
+        return {names[0]: _array(flat, shape, dtypes[names[0]])}
+    out: dict[str, np.ndarray] = {}
+    for name in names:
+        if name not in val:
+            raise InvalidArgument(f"Missing named input: {name} in 'inputs' object.")
+        shape, flat = _values(val[name], dtypes[name])
+        out[name] = _array(flat, shape, dtypes[name])
+    return out
+
+
+# ---- response ----------------------------------------------------------------------------------------------------
+
+
+def format_float(v: float, *, double: bool = False) -> str:
+    """One float as TF Serving's ``WriteDecimal`` prints it (float32 unless ``double``)."""
+    if v != v:
+        return "NaN"
+    if v in (math.inf, -math.inf):
+        return "Infinity" if v > 0 else "-Infinity"
+    s = "%g" % v
+    back = float(s)
+    if double:
+        ok = back == v
+    else:
+        ok = float(np.float32(back)) == v
+    if not ok:
+        s = ("%.17g" if double else "%.9g") % v
+    if "." not in s and "e" not in s:
+        s += ".0"
+    return s
+
+
+def _leaf_strings(arr: np.ndarray, name: str) -> list[str]:
+    """Every element of ``arr`` (flattened, row-major) as a JSON token."""
+    kind = arr.dtype.kind
+    flat = arr.ravel()
+    if kind == "f":
+        if arr.dtype == np.float64:
+            return [format_float(x, double=True) for x in flat.tolist()]
+        if arr.dtype == np.float16:
+            flat = flat.astype(np.float32)
+        return [format_float(x) for x in flat.tolist()]
+    if kind in "iu":
+        return [str(x) for x in flat.tolist()]
+    if kind == "b":
+        return ["true" if x else "false" for x in flat.tolist()]
+    if kind in "OSU":
+        as_bytes = name.endswith("_bytes")
+        out = []
+        for x in flat.tolist():
+            b = x if isinstance(x, bytes) else str(x).encode()
+            if as_bytes:
+                out.append('{"b64": ' + orjson.dumps(base64.b64encode(b).decode()).decode() + "}")
+            else:
+                out.append(orjson.dumps(b.decode("utf-8", errors="replace")).decode())
+        return out
+    raise InvalidArgument(f"Failed to write JSON value for tensor type: {arr.dtype}")
+
+
+def _nest(tokens: list[str], shape: Sequence[int], start: int) -> tuple[str, int]:
+    if not shape:
+        return tokens[start], start + 1
+    if len(shape) == 1:
+        n = shape[0]
+        return "[" + ", ".join(tokens[start : start + n]) + "]", start + n
+    parts = []
+    pos = start
+    for _ in range(shape[0]):
+        s, pos = _nest(tokens, shape[1:], pos)
+        parts.append(s)
+    return "[" + ", ".join(parts) + "]", pos
+
+
+def _tensor_json(arr: np.ndarray, name: str) -> str:
+    return _nest(_leaf_strings(arr, name), arr.shape, 0)[0]
+
+
+def _key(name: str) -> str:
+    return orjson.dumps(name).decode()
+
+
+def predict_response(outputs: Mapping[str, np.ndarray], fmt: Format) -> bytes:
+    """``{"predictions": [...]}`` (ROW) or ``{"outputs": ...}`` (COLUMNAR), written as TF Serving writes them."""
+    if not outputs:
+        raise InvalidArgument("Cannot convert empty tensor map to JSON")
+    names = sorted(outputs)
+    if fmt is Format.COLUMNAR:
+        if len(names) == 1:
+            body = _tensor_json(outputs[names[0]], names[0])
+        else:
+            items = [f'        {_key(n)}: {_tensor_json(outputs[n], n)}' for n in names]
+            body = "{\n" + ",\n".join(items) + "\n    }"
+        return ('{\n    "outputs": ' + body + "\n}").encode()
+    batch = -1
+    for n in names:
+        a = outputs[n]
+        if a.ndim == 0:
+            raise InvalidArgument(f"Tensor name: {n} has no shape information ")
+        if batch >= 0 and a.shape[0] != batch:
+            raise InvalidArgument(f"Tensor name: {n} has inconsistent batch size: {a.shape[0]} expecting: {batch}")
+        batch = a.shape[0]
+    per_item: dict[str, list[str]] = {}
+    for n in names:
+        a = outputs[n]
+        tokens = _leaf_strings(a, n)
+        item_shape = a.shape[1:]
+        step = int(np.prod(item_shape, dtype=np.int64)) if item_shape else 1
+        per_item[n] = [_nest(tokens, item_shape, i * step)[0] for i in range(batch)]
+    if batch == 0:
+        return b'{\n    "predictions": []\n}'
+    rows = []
+    for i in range(batch):
+        if len(names) == 1:
+            rows.append("        " + per_item[names[0]][i])
+        else:
+            fields = [f"            {_key(n)}: {per_item[n][i]}" for n in names]
+            rows.append("        {\n" + ",\n".join(fields) + "\n        }")
+    return ('{\n    "predictions": [\n' + ",\n".join(rows) + "\n    ]\n}").encode()
+
+
+def regress_response(values: Sequence[float]) -> bytes:
+    """``{"results": [v, ...]}``."""
+    if not values:
+        raise InvalidArgument("Cannot convert empty RegressionResults to JSON")
+    return ('{\n    "results": [' + ", ".join(format_float(float(v)) for v in values) + "]\n}").encode()
+
+
+def classify_response(results: Sequence[Sequence[tuple[str, float]]]) -> bytes:
+    """``{"results": [[[label, score], ...], ...]}`` (one list of classes per example)."""
+    if not results:
+        raise InvalidArgument("Cannot convert empty ClassificationResults to JSON")
+    rows = []
+    for classes in results:
+        cls = ", ".join(f"[{orjson.dumps(label).decode()}, {format_float(float(score))}]" for label, score in classes)
+        rows.append("        [" + cls + "]")
+    return ('{\n    "results": [\n' + ",\n".join(rows) + "\n    ]\n}").encode()
+
+
+def error_body(message: str) -> bytes:
+    """``{"error": message}`` as TF Serving pretty-prints it."""
+    return b'{\n    "error": ' + orjson.dumps(message) + b"\n}"
