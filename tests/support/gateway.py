@@ -1,0 +1,78 @@
+"""Start ``embedgate gateway`` as a subprocess for integration tests: ``run_gateway(config_yaml) as gw: gw.url``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.support.ports import free_port
+
+__all__ = ["GatewayProc", "run_gateway"]
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class GatewayProc:
+    url: str  # "http://127.0.0.1:<port>"
+    port: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@contextmanager
+def run_gateway(
+    config_yaml: Path, *, env: Mapping[str, str] | None = None, ready_timeout: float = 30.0
+) -> Iterator[GatewayProc]:
+    """Run the gateway on a free 127.0.0.1 port until /readyz answers 200 (bounded); stop it on exit.
+
+    ``env`` adds environment variables (e.g. ``EMBEDGATE_REQUEST_TIMEOUT_S``). Output goes to a log file next to the
+    config (``gateway-<port>.log``), quoted in the error if the gateway does not become ready.
+    """
+    port = free_port()
+    log_path = Path(config_yaml).parent / f"gateway-{port}.log"
+    full_env = {**os.environ, **(env or {})}
+    python = _REPO / ".venv" / "bin" / "python"
+    cmd = [str(python if python.exists() else sys.executable), "-m", "embedgate", "gateway", "--config",
+           str(config_yaml), "--host", "127.0.0.1", "--port", str(port)]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=_REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    gw = GatewayProc(url=f"http://127.0.0.1:{port}", port=port, proc=proc, log_path=log_path)
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {proc.returncode}:\n{_tail(log_path)}")
+            try:
+                if httpx.get(f"{gw.url}/readyz", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gateway not ready within {ready_timeout} s:\n{_tail(log_path)}")
+            time.sleep(0.05)
+        yield gw
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def _tail(path: Path, n: int = 4000) -> str:
+    try:
+        return path.read_bytes()[-n:].decode(errors="replace")
+    except OSError:
+        return "<no log>"
