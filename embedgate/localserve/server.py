@@ -1,0 +1,100 @@
+"""The ``serve-local`` process: manager + pollers + gRPC server, stopped gracefully by SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from embedgate.localserve.manager import Manager
+from embedgate.localserve.model_config import ModelEntry, load_config_file, single_model
+from embedgate.localserve.servable import Servable
+from embedgate.localserve.service import add_services
+from embedgate.localserve.source import Poller
+
+__all__ = ["ServerOptions", "run"]
+
+_log = logging.getLogger(__name__)
+_MAX_MESSAGE = 2**31 - 1  # TF Serving's SetMaxMessageSize(INT32_MAX)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Parsed ``serve-local`` flags. Exactly one of ``model_config_file`` / (``model_name``, ``model_base_path``)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8500
+    model_config_file: Path | None = None
+    model_name: str = "default"
+    model_base_path: Path | None = None
+    file_system_poll_wait_seconds: float = 1.0
+    model_config_file_poll_wait_seconds: float = 0.0
+    grpc_max_threads: int = 0  # 0 = 4 x CPUs (at least 8)
+    tensor_content: bool = False
+    grace_seconds: float = 5.0
+
+
+def run(options: ServerOptions) -> int:
+    """Load the models, serve until SIGTERM/SIGINT, stop gracefully. Returns the exit code."""
+    entries = _entries(options)
+    manager = Manager(Servable.load)
+    manager.set_models(entries)
+    manager.reconcile()  # initial load, before the port opens (as tensorflow_model_server does)
+
+    fs_poller = Poller("fs-poll", options.file_system_poll_wait_seconds, manager.reconcile)
+
+    def reload_config() -> None:
+        assert options.model_config_file is not None
+        manager.set_models(load_config_file(options.model_config_file))
+        manager.reconcile()
+
+    config_poller = Poller("config-poll", options.model_config_file_poll_wait_seconds
+                           if options.model_config_file else 0, reload_config)
+
+    threads = options.grpc_max_threads or max(8, 4 * (os.cpu_count() or 1))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
+        options=[("grpc.max_send_message_length", _MAX_MESSAGE),
+                 ("grpc.max_receive_message_length", _MAX_MESSAGE),
+                 ("grpc.so_reuseport", 0)],
+        maximum_concurrent_rpcs=None,
+    )
+    add_services(server, manager, tensor_content=options.tensor_content, reload=manager.reconcile)
+    address = f"{options.host}:{options.port}"
+    if server.add_insecure_port(address) == 0:
+        manager.close()
+        raise OSError(f"cannot bind gRPC port {address}")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    server.start()
+    fs_poller.start()
+    config_poller.start()
+    _log.info("Running gRPC ModelServer at %s (models: %s)", address, ", ".join(manager.model_names()))
+    print(f"serve-local: listening on {address}", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        _log.info("Shutting down: draining requests (up to %.1f s)", options.grace_seconds)
+        server.stop(options.grace_seconds).wait(options.grace_seconds + 1)
+        fs_poller.stop()
+        config_poller.stop()
+        manager.close()
+    return 0
+
+
+def _entries(options: ServerOptions) -> list[ModelEntry]:
+    if options.model_config_file is not None:
+        return load_config_file(options.model_config_file)
+    if options.model_base_path is None:
+        from embedgate.localserve.errors import ConfigError
+
+        raise ConfigError("give --model_config_file, or --model_name and --model_base_path")
+    return single_model(options.model_name, options.model_base_path)

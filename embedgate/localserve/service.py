@@ -1,0 +1,153 @@
+"""Thin gRPC servicers: parse the model spec, pin a version through the manager, call the servable, encode.
+
+Every :class:`~embedgate.localserve.errors.ServingError` becomes ``context.abort(code, message)`` in one place
+(:func:`_call`); messages are cut at 1024 characters + ``...TRUNCATED`` as TF Serving's ``grpc_status_util.cc``
+does. Anything else is an INTERNAL error naming the exception.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import any_pb2
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_management_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    regression_pb2,
+)
+
+from embedgate.localserve.errors import ConfigError, InvalidArgumentError, ServingError
+from embedgate.localserve.manager import Manager
+from embedgate.localserve.model_config import entries_from_proto
+from embedgate.localserve.servable import Servable
+
+__all__ = ["ModelService", "PredictionService", "add_services"]
+
+_log = logging.getLogger(__name__)
+_MESSAGE_LIMIT = 1024
+_SIGNATURE_DEF = "signature_def"
+T = TypeVar("T")
+
+
+class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+    def __init__(self, manager: Manager, *, tensor_content: bool = False) -> None:
+        self._manager = manager
+        self._tensor_content = tensor_content
+
+    def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        return _call(context, lambda: self._with_servable(
+            request.model_spec, lambda s: s.predict(request, as_content=self._tensor_content)))
+
+    def Classify(self, request: classification_pb2.ClassificationRequest,  # noqa: N802
+                 context: grpc.ServicerContext) -> Any:
+        return _call(context, lambda: self._with_servable(request.model_spec, lambda s: s.classify(request)))
+
+    def Regress(self, request: regression_pb2.RegressionRequest,  # noqa: N802
+                context: grpc.ServicerContext) -> Any:
+        return _call(context, lambda: self._with_servable(request.model_spec, lambda s: s.regress(request)))
+
+    def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest,  # noqa: N802
+                         context: grpc.ServicerContext) -> Any:
+        def run() -> get_model_metadata_pb2.GetModelMetadataResponse:
+            fields = list(request.metadata_field)
+            if not fields:
+                raise InvalidArgumentError("GetModelMetadataRequest must specify at least one metadata_field")
+            for f in fields:
+                if f != _SIGNATURE_DEF:
+                    raise InvalidArgumentError(f"Metadata field {f} is not supported")
+
+            def metadata(servable: Servable) -> get_model_metadata_pb2.GetModelMetadataResponse:
+                response = get_model_metadata_pb2.GetModelMetadataResponse()
+                response.model_spec.name = servable.name
+                response.model_spec.version.value = servable.version
+                packed = any_pb2.Any()
+                packed.Pack(servable.signature_def_map())
+                response.metadata[_SIGNATURE_DEF].CopyFrom(packed)
+                return response
+
+            return self._with_servable(request.model_spec, metadata)
+
+        return _call(context, run)
+
+    def _with_servable(self, spec: Any, fn: Callable[[Servable], T]) -> T:
+        version, label = _version_choice(spec)
+        with self._manager.handle(spec.name, version, label) as handle:
+            return fn(handle.servable)  # type: ignore[arg-type]
+
+
+class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+    def __init__(self, manager: Manager, reload: Callable[[], None]) -> None:
+        self._manager = manager
+        self._reload = reload
+
+    def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest,  # noqa: N802
+                       context: grpc.ServicerContext) -> Any:
+        def run() -> get_model_status_pb2.GetModelStatusResponse:
+            spec = request.model_spec
+            if not spec.name:
+                raise InvalidArgumentError("Missing model name in request.")
+            version, label = _version_choice(spec)
+            response = get_model_status_pb2.GetModelStatusResponse()
+            for st in self._manager.status(spec.name, version, label):
+                mvs = response.model_version_status.add(version=st.version, state=int(st.state))
+                mvs.status.SetInParent()  # TF Serving always sets it (error_code OK when the version is fine)
+                if st.error:
+                    mvs.status.error_code = 2  # tensorflow.error.UNKNOWN
+                    mvs.status.error_message = st.error
+            return response
+
+        return _call(context, run)
+
+    def HandleReloadConfigRequest(self, request: model_management_pb2.ReloadConfigRequest,  # noqa: N802
+                                  context: grpc.ServicerContext) -> Any:
+        def run() -> model_management_pb2.ReloadConfigResponse:
+            try:
+                entries = entries_from_proto(request.config)
+            except ConfigError as exc:
+                raise InvalidArgumentError(str(exc)) from exc
+            self._manager.set_models(entries)
+            self._reload()
+            return model_management_pb2.ReloadConfigResponse()
+
+        return _call(context, run)
+
+
+def add_services(server: grpc.Server, manager: Manager, *, tensor_content: bool,
+                 reload: Callable[[], None]) -> None:
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
+        PredictionService(manager, tensor_content=tensor_content), server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(manager, reload), server)
+
+
+def _version_choice(spec: Any) -> tuple[int | None, str | None]:
+    choice = spec.WhichOneof("version_choice")
+    if choice == "version":
+        return int(spec.version.value), None
+    if choice == "version_label":
+        return None, spec.version_label
+    return None, None
+
+
+def _call(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except ServingError as exc:
+        context.abort(exc.code, _truncate(exc.message))
+    except Exception as exc:  # noqa: BLE001 - the one place a request's unexpected error becomes a status
+        _log.exception("request failed")
+        context.abort(grpc.StatusCode.INTERNAL, _truncate(f"{type(exc).__name__}: {exc}"))
+    raise AssertionError("context.abort returned")  # pragma: no cover
+
+
+def _truncate(message: str) -> str:
+    if len(message) <= _MESSAGE_LIMIT:
+        return message
+    return message[:_MESSAGE_LIMIT] + "...TRUNCATED"

@@ -1,0 +1,94 @@
+"""``TensorProto`` <-> numpy, as TF Serving encodes them. Pure functions (TensorFlow only for the dtype tables).
+
+Decoding accepts typed ``*_val`` fields and ``tensor_content`` (``tf.make_ndarray``: fewer values than elements
+are padded with the last value, as TF's ``Tensor::FromProto`` does). Encoding mirrors ``Tensor::AsProtoField``
+(typed fields, the default) or ``Tensor::AsProtoTensorContent`` (``--enable_serialization_as_tensor_content``);
+string tensors always use ``string_val`` (TF's content encoding of strings is not readable by the Python client).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+
+__all__ = ["decode_tensor", "dtype_name", "encode_tensor", "shape_compatible", "shape_of_proto"]
+
+_INT_VAL = {types_pb2.DT_INT32, types_pb2.DT_INT16, types_pb2.DT_INT8, types_pb2.DT_UINT8, types_pb2.DT_UINT16}
+
+
+def dtype_name(dtype: int) -> str:
+    """TF's short name for a ``DataType`` enum value (``float``, ``int64``, ...), as in TF error messages."""
+    try:
+        return str(tf.dtypes.as_dtype(dtype).name).replace("float32", "float").replace("float64", "double")
+    except TypeError:
+        return types_pb2.DataType.Name(dtype) if dtype in types_pb2.DataType.values() else str(dtype)
+
+
+def decode_tensor(proto: tensor_pb2.TensorProto) -> np.ndarray:
+    """The numpy value of ``proto``; raises ``ValueError``/``TypeError`` for an inconsistent proto."""
+    return tf.make_ndarray(proto)
+
+
+def shape_of_proto(shape: tensor_shape_pb2.TensorShapeProto) -> list[int] | None:
+    """Dims of a ``TensorShapeProto`` (-1 = unknown), or None for unknown rank."""
+    if shape.unknown_rank:
+        return None
+    return [int(d.size) for d in shape.dim]
+
+
+def shape_compatible(actual: tuple[int, ...], expected: list[int] | None) -> bool:
+    if expected is None:
+        return True
+    if len(actual) != len(expected):
+        return False
+    return all(e < 0 or a == e for a, e in zip(actual, expected, strict=True))
+
+
+def encode_tensor(value: np.ndarray, dtype: int, *, as_content: bool = False) -> tensor_pb2.TensorProto:
+    """``value`` (already of the tensor's dtype ``dtype``) as a ``TensorProto``."""
+    arr = np.asarray(value)
+    proto = tensor_pb2.TensorProto(dtype=dtype)
+    for size in arr.shape:
+        proto.tensor_shape.dim.add(size=int(size))
+    flat = arr.reshape(-1)
+    if dtype == types_pb2.DT_STRING:
+        proto.string_val.extend(_as_bytes(v) for v in flat)
+        return proto
+    if as_content:
+        np_dtype = tf.dtypes.as_dtype(dtype).as_numpy_dtype
+        proto.tensor_content = np.ascontiguousarray(flat, dtype=np_dtype).astype(
+            np.dtype(np_dtype).newbyteorder("<"), copy=False).tobytes()
+        return proto
+    if dtype == types_pb2.DT_FLOAT:
+        proto.float_val.extend(flat.astype(np.float32).tolist())
+    elif dtype == types_pb2.DT_DOUBLE:
+        proto.double_val.extend(flat.astype(np.float64).tolist())
+    elif dtype in _INT_VAL:
+        proto.int_val.extend(flat.astype(np.int64).tolist())
+    elif dtype == types_pb2.DT_INT64:
+        proto.int64_val.extend(flat.astype(np.int64).tolist())
+    elif dtype == types_pb2.DT_UINT32:
+        proto.uint32_val.extend(flat.astype(np.uint32).tolist())
+    elif dtype == types_pb2.DT_UINT64:
+        proto.uint64_val.extend(flat.astype(np.uint64).tolist())
+    elif dtype == types_pb2.DT_BOOL:
+        proto.bool_val.extend(flat.astype(bool).tolist())
+    elif dtype in (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16):
+        np_dtype = tf.dtypes.as_dtype(dtype).as_numpy_dtype
+        proto.half_val.extend(flat.astype(np_dtype).view(np.uint16).astype(np.int32).tolist())
+    elif dtype == types_pb2.DT_COMPLEX64:
+        proto.scomplex_val.extend(flat.astype(np.complex64).view(np.float32).tolist())
+    elif dtype == types_pb2.DT_COMPLEX128:
+        proto.dcomplex_val.extend(flat.astype(np.complex128).view(np.float64).tolist())
+    else:  # resource/variant etc.: no typed field; fall back to TF's own encoder
+        proto.CopyFrom(tf.make_tensor_proto(arr))
+    return proto
+
+
+def _as_bytes(v: object) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    return str(v).encode("utf-8")
