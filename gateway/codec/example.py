@@ -1,0 +1,260 @@
+"""tf.Example codec: TF Serving's classify/regress JSON, base64 values and serialized tf.Example bytes. Pure, no I/O.
+
+* :func:`input_from_json` turns a ``:classify`` / ``:regress`` body (``"examples"`` plus optional ``"context"``) into
+  an :class:`~schemas.proto.tfs_pb2.Input` with TF Serving's rules and error texts (``json_tensor.cc``
+  ``FillClassifyRegressRequestFromJson`` / ``AddValueToFeature``; ../shared/notes/tfserving-api.md §2.9).
+* :func:`b64_decode` follows ``absl::Base64Unescape`` (§2.6): standard alphabet only, ASCII whitespace anywhere is
+  skipped, padding (``=`` or ``.``) is optional but, when present, must be exactly the right count.
+* :func:`parse_example` parses serialized tf.Example bytes with our own protos (never TensorFlow).
+
+Every failure raises :class:`gateway.errors.InvalidArgument`.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import math
+import re
+from typing import Any, Final
+
+from google.protobuf.message import DecodeError
+
+from gateway.errors import InvalidArgument
+from schemas.proto import tfs_pb2
+
+__all__ = ["b64_decode", "input_from_json", "parse_example"]
+
+METHODS: Final = ("classify", "regress")
+
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
+_U64_MAX: Final = 2**64 - 1
+_FLT_MAX: Final = 3.4028234663852886e38
+_MAX_DEBUG_BYTES: Final = 256  # json_tensor.cc kMaxJsonDebugStringBytes
+
+# -- base64 (absl::Base64Unescape) ------------------------------------------------------------------------------------
+
+_B64_WHITESPACE: Final = b" \t\n\v\f\r"  # absl::ascii_isspace
+_B64_PADS: Final = b"=."
+_B64_DATA = re.compile(rb"[A-Za-z0-9+/]*")
+_B64_CANONICAL = re.compile(rb"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
+_B64_EXPECTED_PADS: Final = {0: 0, 2: 2, 3: 1}
+
+
+def b64_decode(value: str) -> bytes:
+    """Decode ``value`` exactly as TF Serving's ``absl::Base64Unescape`` would, else ``Unable to base64 decode``.
+
+    Rules: alphabet ``A-Z a-z 0-9 + /`` (URL-safe ``-``/``_`` rejected); ASCII whitespace is skipped anywhere; the
+    data may end without padding, but pad characters (``=`` or ``.``, in any mix, whitespace between them allowed)
+    must then number exactly what the data length needs (2 after 2 leftover chars, 1 after 3, none after a full
+    quad); a lone leftover char is invalid; nothing but whitespace/padding may follow the first pad; non-zero unused
+    trailing bits are ignored.
+    """
+    if not isinstance(value, str):
+        raise InvalidArgument("Unable to base64 decode")
+    try:
+        raw = value.encode("ascii")
+    except UnicodeEncodeError:
+        raise InvalidArgument("Unable to base64 decode") from None
+    if _B64_CANONICAL.fullmatch(raw):  # the common case: standard, padded, no whitespace
+        return binascii.a2b_base64(raw)
+    first_pad = min((i for i in (raw.find(b"="), raw.find(b".")) if i >= 0), default=len(raw))
+    data = raw[:first_pad].translate(None, _B64_WHITESPACE)
+    tail = raw[first_pad:]
+    if not _B64_DATA.fullmatch(data) or tail.translate(None, _B64_WHITESPACE + _B64_PADS):
+        raise InvalidArgument("Unable to base64 decode")
+    leftover = len(data) % 4
+    if leftover == 1:
+        raise InvalidArgument("Unable to base64 decode")
+    pads = len(tail) - len(tail.translate(None, _B64_PADS))
+    if pads not in (0, _B64_EXPECTED_PADS[leftover]):
+        raise InvalidArgument("Unable to base64 decode")
+    return binascii.a2b_base64(data + b"=" * ((4 - leftover) % 4))
+
+
+# -- tf.Example bytes -------------------------------------------------------------------------------------------------
+
+
+def parse_example(data: bytes, index: int) -> tfs_pb2.Example:
+    """Parse serialized tf.Example ``data``; ``index`` is the example's position in the request, used in errors."""
+    try:
+        return tfs_pb2.Example.FromString(data)
+    except DecodeError as exc:
+        raise InvalidArgument(f"example {index}: the bytes do not parse as a serialized tf.Example") from exc
+
+
+# -- classify / regress JSON ------------------------------------------------------------------------------------------
+
+
+def input_from_json(body: dict[str, Any], method: str) -> tfs_pb2.Input:
+    """TF Serving's classify/regress request JSON (already parsed) -> :class:`tfs_pb2.Input`.
+
+    ``body["context"]`` (optional object) becomes ``example_list_with_context.context``; ``body["examples"]``
+    (required non-empty array of objects) the examples. Per feature (a value or a flat list): string or ``{"b64":
+    ...}`` -> bytes_list; JSON float (written with ``.``/exponent, or NaN/Infinity) -> float_list; integer or
+    true/false -> int64_list (1/0); ``[]`` -> a feature with no kind. The first element fixes the kind. Error texts are
+    TF Serving's, including its quirk that a missing ``examples`` key says "When method is classify" for both
+    methods. ``signature_name`` is not looked at here (the caller checks it first, as TF Serving does).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if not isinstance(body, dict):
+        raise InvalidArgument(f"JSON Value: {_debug_string(body)} Is not object")
+    inp = tfs_pb2.Input()
+    has_context = "context" in body
+    if has_context:
+        _fill_example(body["context"], inp.example_list_with_context.context)
+    examples = body.get("examples", _MISSING)
+    if examples is _MISSING:
+        # json_tensor.cc hard-codes "classify" for both methods.
+        raise InvalidArgument(
+            f"JSON Value: {_debug_string(body)} When method is classify, key 'examples' is expected and was not found"
+        )
+    if not isinstance(examples, list):
+        raise InvalidArgument(f"JSON Value: {_debug_string(body)} Expecting 'examples' value to be an list/array")
+    if not examples:
+        raise InvalidArgument(f"JSON Value: {_debug_string(body)} 'examples' value is an empty array")
+    target = inp.example_list_with_context.examples if has_context else inp.example_list.examples
+    for value in examples:
+        _fill_example(value, target.add())
+    return inp
+
+
+_MISSING: Final = object()
+
+_KIND_TEXT: Final = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64"}
+
+
+def _fill_example(value: Any, example: tfs_pb2.Example) -> None:
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"Example must be JSON object but got JSON {_json_type(value)}")
+    features = example.features.feature
+    for name, content in value.items():
+        kind, values = _feature_values(str(name), content)
+        feature = features[str(name)]
+        if kind is None:
+            feature.SetInParent()  # present, no kind (from [])
+        else:
+            getattr(feature, kind).value.extend(values)
+
+
+def _feature_values(name: str, content: Any) -> tuple[str | None, list[Any]]:
+    """(kind field name or None, values) for one JSON feature, with AddValueToFeature's checks and texts."""
+    items = content if isinstance(content, list) else [content]
+    kind: str | None = None
+    values: list[Any] = []
+    for val in items:
+        this_kind, converted = _element(name, val, kind)
+        if kind is not None and this_kind != kind:
+            raise InvalidArgument(f"Unexpected element type in feature: {name} expecting type: {_KIND_TEXT[kind]}")
+        kind = this_kind
+        values.append(converted)
+    return kind, values
+
+
+def _element(name: str, val: Any, kind: str | None) -> tuple[str, Any]:
+    """One JSON element -> (kind, value); ``kind`` is the feature's kind so far (checked before value errors)."""
+    if val is None or isinstance(val, list):
+        raise InvalidArgument(f"Feature: {name} has element with unexpected JSON type: {_json_type(val)}")
+    if isinstance(val, bool):
+        return "int64_list", int(val)
+    if isinstance(val, dict):
+        if not _is_b64_object(val):
+            raise InvalidArgument(f"Feature: {name} has element with unexpected JSON type: Object")
+        _check_kind(name, kind, "bytes_list")
+        return "bytes_list", b64_decode(val["b64"])
+    if isinstance(val, str):
+        return "bytes_list", val.encode("utf-8", "surrogatepass")
+    if isinstance(val, int):
+        if _I64_MIN <= val <= _I64_MAX:
+            return "int64_list", val
+        if _I64_MAX < val <= _U64_MAX:  # rapidjson: a uint64 number, not a double
+            _check_kind(name, kind, "int64_list")
+            raise InvalidArgument(f"Feature: {name} has uint64_t element. Only int64_t is supported.")
+        # rapidjson parses integers beyond (u)int64 as doubles.
+        _check_kind(name, kind, "float_list")
+        as_float = float(val) if abs(val) < 2**1024 else math.inf
+        if abs(as_float) > _FLT_MAX:
+            raise InvalidArgument(f"Cannot convert JSON value: {val} to float without loss of precision.")
+        return "float_list", as_float
+    if isinstance(val, float):
+        _check_kind(name, kind, "float_list")
+        if math.isfinite(val) and abs(val) > _FLT_MAX:
+            raise InvalidArgument(
+                f"Cannot convert JSON value: {_render_number(val)} to float without loss of precision."
+            )
+        return "float_list", val
+    raise InvalidArgument(f"Feature: {name} has element with unexpected JSON type: {_json_type(val)}")
+
+
+def _check_kind(name: str, kind: str | None, wanted: str) -> None:
+    if kind is not None and kind != wanted:
+        raise InvalidArgument(f"Unexpected element type in feature: {name} expecting type: {_KIND_TEXT[kind]}")
+
+
+def _is_b64_object(val: dict[str, Any]) -> bool:
+    """json_tensor.cc IsValBase64Object: exactly one member, "b64", whose value is a string."""
+    return len(val) == 1 and isinstance(val.get("b64"), str)
+
+
+# -- rendering JSON values inside error texts (json_tensor.cc JsonTypeString / JsonValueToDebugString) ----------------
+
+
+def _json_type(val: Any) -> str:
+    if val is None:
+        return "Null"
+    if val is True:
+        return "True"
+    if val is False:
+        return "False"
+    if isinstance(val, dict):
+        return "Object"
+    if isinstance(val, list):
+        return "Array"
+    if isinstance(val, str):
+        return "String"
+    return "Number"
+
+
+def _debug_string(val: Any) -> str:
+    """rapidjson PrettyWriter output (4-space indent, single-line arrays), cut at 256 bytes like TF Serving."""
+    text = _render(val, 0)
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) <= _MAX_DEBUG_BYTES:
+        return text
+    return encoded[:_MAX_DEBUG_BYTES].decode("utf-8", "ignore") + "..."
+
+
+def _render(val: Any, depth: int) -> str:
+    if isinstance(val, dict):
+        if not val:
+            return "{}"
+        pad = "    " * (depth + 1)
+        members = ",\n".join(
+            f"{pad}{json.dumps(str(k), ensure_ascii=False)}: {_render(v, depth + 1)}" for k, v in val.items()
+        )
+        return "{\n" + members + "\n" + "    " * depth + "}"
+    if isinstance(val, list):
+        return "[" + ", ".join(_render(v, depth + 1) for v in val) + "]"
+    if val is None:
+        return "null"
+    if isinstance(val, bool):
+        return "true" if val else "false"
+    if isinstance(val, str):
+        return json.dumps(val, ensure_ascii=False)
+    if isinstance(val, float):
+        return _render_number(val)
+    return str(val)
+
+
+def _render_number(val: float) -> str:
+    if math.isnan(val):
+        return "NaN"
+    if math.isinf(val):
+        return "Infinity" if val > 0 else "-Infinity"
+    text = repr(val)  # shortest round-trip, like rapidjson's Grisu output; rapidjson writes 1e30, not 1e+30
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa}e{int(exponent)}"
+    return text

@@ -1,0 +1,442 @@
+"""Request features of an embedding model -> one validated, numpy :class:`FeatureBatch`. Pure, no I/O, no TensorFlow.
+
+Four request forms give the same batch for the same data (docs/dev/contracts.md "Gateway request format"):
+
+* row JSON (:func:`batch_from_instances`): ``{"<sparse>": 12, "<multi>": [3, 4], "<multi_weights>": [0.5, 1],
+  "<dense>": [0.1, 0.2]}`` per example, or ``{"b64": "<base64 serialized tf.Example>"}`` per example (forms may mix);
+* columnar JSON (:func:`batch_from_columns`): ``{"<sparse>": [12, 13], "<multi>": [[3, 4], []], ...}``;
+* classify/regress :class:`tfs_pb2.Input` (:func:`batch_from_input`), context features merged into every example.
+
+Value rules (JSON): a ``single`` feature takes one integer id (or a one-element list); a ``multi`` feature a list of
+integer ids (maybe empty, at most ``max_ids``); ids are JSON integers within int64 (``true``, ``1.0``, ``"1"`` are
+rejected). Weights (the manifest's ``weights`` name) are optional, numbers (not bools), finite, one per id (a number
+or a one-element list for single features); missing weights mean 1. A dense feature takes ``dim`` numbers (a bare
+number when ``dim == 1``); NaN/Infinity pass through as TF Serving passes them for DT_FLOAT. Unknown or missing
+features are errors.
+
+tf.Example rules: ids are an ``int64_list``; weights and dense values a ``float_list`` **or** an ``int64_list``
+(converted to float32: classify/regress JSON turns ``3`` into an int64_list, so integer-valued dense features must
+work); a feature with no kind set counts as an empty list; a ``bytes_list`` or a float_list of ids is an error.
+Features the model does not read are **ignored** in tf.Examples (as TF's example parsing ignores them; Examples
+often carry labels), but are errors in JSON.
+
+Every error is :class:`gateway.errors.InvalidArgument` and names the feature and, where there is one, the example
+index: ``feature 'genres' at example 3: expected a list of int64 ids, got "abc"``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from gateway.codec.example import b64_decode, parse_example
+from gateway.errors import InvalidArgument
+from schemas.manifest import DenseFeatureSpec, FeatureKind, Manifest, SparseFeatureSpec
+from schemas.proto import tfs_pb2
+
+__all__ = [
+    "FeatureBatch",
+    "SparseInput",
+    "batch_from_columns",
+    "batch_from_input",
+    "batch_from_instances",
+    "client_signature",
+]
+
+PREDICT_METHOD: Final = "tensorflow/serving/predict"
+
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
+
+
+@dataclass(frozen=True, eq=False)
+class SparseInput:
+    """One sparse feature over the batch, CSR-style: example ``i``'s ids are ``ids[row_splits[i]:row_splits[i+1]]``.
+
+    ``ids`` int64 [nnz]; ``row_splits`` int64 [batch + 1] starting at 0, non-decreasing, ending at nnz (a single
+    feature has ``row_splits == arange(batch + 1)``); ``weights`` float32 [nnz], or None when no example sent any
+    (every weight is 1). Arrays are owned by the batch; treat them as read-only.
+    """
+
+    ids: np.ndarray
+    row_splits: np.ndarray
+    weights: np.ndarray | None
+
+
+@dataclass(frozen=True, eq=False)
+class FeatureBatch:
+    """A validated batch: every sparse feature of the manifest in ``sparse``, every dense one in ``dense``
+    (float32 [size, dim]). ``size`` is the number of examples."""
+
+    size: int
+    sparse: dict[str, SparseInput]
+    dense: dict[str, np.ndarray]
+
+
+# -- public entry points ----------------------------------------------------------------------------------------------
+
+
+def batch_from_instances(instances: list[Any], manifest: Manifest) -> FeatureBatch:
+    """Row format: ``instances`` is a non-empty list; item ``i`` is an object of features or ``{"b64": ...}``."""
+    if not isinstance(instances, list):
+        raise InvalidArgument(f"'instances' must be a list of examples, got {_show(instances)}")
+    if not instances:
+        raise InvalidArgument("'instances' must hold at least one example")
+    builder = _Builder(manifest, len(instances))
+    for i, item in enumerate(instances):
+        if not isinstance(item, dict):
+            raise InvalidArgument(
+                f"example {i}: expected an object of features or {{\"b64\": ...}}, got {_show(item)}"
+            )
+        if len(item) == 1 and isinstance(item.get("b64"), str):
+            try:
+                data = b64_decode(item["b64"])
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"example {i}: {exc.message}") from None
+            builder.add_example(i, parse_example(data, i))
+        else:
+            builder.add_json(i, item)
+    return builder.finish()
+
+
+def batch_from_columns(inputs: Any, manifest: Manifest) -> FeatureBatch:
+    """Columnar format: ``inputs`` maps every feature to a list with one value per example (same length for all)."""
+    if not isinstance(inputs, dict):
+        raise InvalidArgument(
+            f"'inputs' must be an object mapping each feature to a list of per-example values, got {_show(inputs)}"
+        )
+    roles = _roles(manifest)
+    size: int | None = None
+    first = ""
+    for name, column in inputs.items():
+        if name not in roles:
+            raise InvalidArgument(f"feature {name!r}: unknown feature; {_expected_names(manifest)}")
+        if not isinstance(column, list):
+            raise InvalidArgument(f"feature {name!r}: expected a list with one value per example, got {_show(column)}")
+        if size is None:
+            size, first = len(column), name
+        elif len(column) != size:
+            raise InvalidArgument(
+                f"feature {name!r} has {len(column)} examples but feature {first!r} has {size}; "
+                "every feature needs one value per example"
+            )
+    for name, (role, _spec) in roles.items():
+        if role != "weights" and name not in inputs:
+            raise InvalidArgument(f"feature {name!r}: missing; {_expected_names(manifest)}")
+    builder = _Builder(manifest, size or 0)
+    for name, column in inputs.items():
+        builder.add_json_column(name, column)
+    return builder.finish()
+
+
+def batch_from_input(inp: tfs_pb2.Input, manifest: Manifest) -> FeatureBatch:
+    """classify/regress ``Input``: ``example_list`` or ``example_list_with_context`` (context in every example)."""
+    kind = inp.WhichOneof("kind")
+    if kind is None:
+        raise InvalidArgument("Input is empty: it holds neither example_list nor example_list_with_context")
+    if kind == "example_list":
+        examples, context = inp.example_list.examples, None
+    else:
+        examples = inp.example_list_with_context.examples
+        context = inp.example_list_with_context.context.features.feature
+    if not examples:
+        raise InvalidArgument("Input holds no examples")
+    builder = _Builder(manifest, len(examples))
+    for i, example in enumerate(examples):
+        builder.add_example(i, example, context)
+    return builder.finish()
+
+
+def client_signature(manifest: Manifest, entry_outputs: Mapping[str, tfs_pb2.TensorInfo]) -> tfs_pb2.SignatureDef:
+    """The predict signature clients see in ``/metadata`` for an embedding model.
+
+    Inputs: single ids int64 [-1]; multi ids int64 [-1, -1]; weights float [-1] (single) / [-1, -1] (multi);
+    dense float [-1, dim]. Outputs: ``entry_outputs`` as the entry reports them. Tensor names are ``<input>:0``.
+    """
+    sig = tfs_pb2.SignatureDef(method_name=PREDICT_METHOD)
+    for f in manifest.sparse_features:
+        shape = [-1] if f.kind is FeatureKind.SINGLE else [-1, -1]
+        _set_info(sig.inputs[f.name], f.name, tfs_pb2.DT_INT64, shape)
+        if f.weights:
+            _set_info(sig.inputs[f.weights], f.weights, tfs_pb2.DT_FLOAT, shape)
+    for d in manifest.dense_features:
+        _set_info(sig.inputs[d.name], d.name, tfs_pb2.DT_FLOAT, [-1, d.dim])
+    for name, info in entry_outputs.items():
+        sig.outputs[name].CopyFrom(info)
+    return sig
+
+
+def _set_info(info: tfs_pb2.TensorInfo, name: str, dtype: int, shape: list[int]) -> None:
+    info.name = f"{name}:0"
+    info.dtype = dtype  # type: ignore[assignment]
+    info.tensor_shape.dim.extend(tfs_pb2.TensorShapeProto.Dim(size=s) for s in shape)
+
+
+# -- the builder: per-example values -> arrays ------------------------------------------------------------------------
+
+_Role = tuple[str, Any]  # ("ids", SparseFeatureSpec) | ("weights", SparseFeatureSpec) | ("dense", DenseFeatureSpec)
+
+
+def _roles(manifest: Manifest) -> dict[str, _Role]:
+    roles: dict[str, _Role] = {}
+    for f in manifest.sparse_features:
+        roles[f.name] = ("ids", f)
+        if f.weights:
+            roles[f.weights] = ("weights", f)
+    for d in manifest.dense_features:
+        roles[d.name] = ("dense", d)
+    return roles
+
+
+class _Builder:
+    """Collects validated per-example values for one batch and assembles the arrays once at the end."""
+
+    def __init__(self, manifest: Manifest, size: int) -> None:
+        self.manifest = manifest
+        self.size = size
+        self.roles = _roles(manifest)
+        self.ids: dict[str, list[Sequence[int] | None]] = {f.name: [None] * size for f in manifest.sparse_features}
+        self.weights: dict[str, list[Sequence[float] | None]] = {
+            f.name: [None] * size for f in manifest.sparse_features if f.weights
+        }
+        self.dense: dict[str, np.ndarray] = {
+            d.name: np.empty((size, d.dim), dtype=np.float32) for d in manifest.dense_features
+        }
+        self.dense_seen: dict[str, np.ndarray] = {d.name: np.zeros(size, dtype=bool) for d in manifest.dense_features}
+
+    # -- JSON ----------------------------------------------------------------------------------------------------
+    def add_json(self, i: int, item: dict[str, Any]) -> None:
+        for name, value in item.items():
+            role = self.roles.get(name)
+            if role is None:
+                raise InvalidArgument(f"feature {name!r} at example {i}: unknown feature; {_expected_names(self.manifest)}")
+            self._json_value(role, name, i, value)
+        for name, (kind, _spec) in self.roles.items():
+            if kind != "weights" and name not in item:
+                raise InvalidArgument(f"feature {name!r} at example {i}: missing; {_expected_names(self.manifest)}")
+
+    def add_json_column(self, name: str, column: list[Any]) -> None:
+        role = self.roles[name]
+        for i, value in enumerate(column):
+            self._json_value(role, name, i, value)
+
+    def _json_value(self, role: _Role, name: str, i: int, value: Any) -> None:
+        kind, spec = role
+        if kind == "ids":
+            self.ids[spec.name][i] = _json_ids(value, spec, i)
+        elif kind == "weights":
+            self.weights[spec.name][i] = _json_weights(value, spec, i)
+        else:
+            self.dense[name][i] = _json_dense(value, spec, i)
+            self.dense_seen[name][i] = True
+
+    # -- tf.Example ----------------------------------------------------------------------------------------------
+    def add_example(self, i: int, example: tfs_pb2.Example, context: Any = None) -> None:
+        fmap = example.features.feature
+        for name, (kind, spec) in self.roles.items():
+            feature = None
+            if name in fmap:
+                feature = fmap[name]
+                if context is not None and name in context:
+                    raise InvalidArgument(
+                        f"feature {name!r} at example {i}: present in both the context and the example"
+                    )
+            elif context is not None and name in context:
+                feature = context[name]
+            if feature is None:
+                if kind != "weights":
+                    raise InvalidArgument(
+                        f"feature {name!r} at example {i}: missing from the tf.Example; {_expected_names(self.manifest)}"
+                    )
+                continue
+            if kind == "ids":
+                self.ids[spec.name][i] = _example_ids(feature, spec, name, i)
+            elif kind == "weights":
+                self.weights[spec.name][i] = _example_floats(feature, name, i, finite=True)
+            else:
+                values = _example_floats(feature, name, i, finite=False)
+                if len(values) != spec.dim:
+                    raise InvalidArgument(
+                        f"feature {name!r} at example {i}: expected {spec.dim} values, got {len(values)}"
+                    )
+                self.dense[name][i] = values
+                self.dense_seen[name][i] = True
+
+    # -- assembly ------------------------------------------------------------------------------------------------
+    def finish(self) -> FeatureBatch:
+        sparse: dict[str, SparseInput] = {}
+        for f in self.manifest.sparse_features:
+            per_example = self.ids[f.name]
+            for i, ids in enumerate(per_example):
+                if ids is None:  # only reachable via columnar/Example paths that skipped it; keep the guard
+                    raise InvalidArgument(f"feature {f.name!r} at example {i}: missing")
+            lengths = np.fromiter((len(x) for x in per_example), dtype=np.int64, count=self.size)  # type: ignore[arg-type]
+            row_splits = np.zeros(self.size + 1, dtype=np.int64)
+            np.cumsum(lengths, out=row_splits[1:])
+            nnz = int(row_splits[-1])
+            ids = np.fromiter(itertools.chain.from_iterable(per_example), dtype=np.int64, count=nnz)  # type: ignore[arg-type]
+            weights = None
+            if f.weights:
+                weights = self._weights(f, per_example, lengths, nnz)
+            sparse[f.name] = SparseInput(ids=ids, row_splits=row_splits, weights=weights)
+        for name, seen in self.dense_seen.items():
+            if not seen.all():
+                raise InvalidArgument(f"feature {name!r} at example {int(np.argmin(seen))}: missing")
+        return FeatureBatch(size=self.size, sparse=sparse, dense=self.dense)
+
+    def _weights(
+        self, f: SparseFeatureSpec, ids: list[Sequence[int] | None], lengths: np.ndarray, nnz: int
+    ) -> np.ndarray | None:
+        per_example = self.weights[f.name]
+        if all(w is None for w in per_example):
+            return None
+        out = np.ones(nnz, dtype=np.float32)
+        start = 0
+        for i, (w, n) in enumerate(zip(per_example, lengths.tolist(), strict=True)):
+            if w is not None:
+                if len(w) != n:
+                    raise InvalidArgument(
+                        f"feature {f.weights!r} at example {i}: expected {n} weights (one per id of {f.name!r}), "
+                        f"got {len(w)}"
+                    )
+                out[start : start + n] = w
+            start += n
+        return out
+
+
+# -- JSON value checks ------------------------------------------------------------------------------------------------
+
+
+def _json_ids(value: Any, spec: SparseFeatureSpec, i: int) -> list[int]:
+    if spec.kind is FeatureKind.SINGLE:
+        ids = value if type(value) is list else [value]
+        if len(ids) != 1 or type(ids[0]) is not int:
+            raise InvalidArgument(
+                f"feature {spec.name!r} at example {i}: expected one int64 id (an integer or a one-element list), "
+                f"got {_show(value)}"
+            )
+        if not _I64_MIN <= ids[0] <= _I64_MAX:
+            raise InvalidArgument(f"feature {spec.name!r} at example {i}: id {ids[0]} is outside int64")
+        return ids
+    if type(value) is not list:
+        raise InvalidArgument(f"feature {spec.name!r} at example {i}: expected a list of int64 ids, got {_show(value)}")
+    for j, x in enumerate(value):
+        if type(x) is not int:
+            raise InvalidArgument(
+                f"feature {spec.name!r} at example {i}: expected a list of int64 ids, got {_show(x)} at position {j}"
+            )
+        if not _I64_MIN <= x <= _I64_MAX:
+            raise InvalidArgument(f"feature {spec.name!r} at example {i}: id {x} at position {j} is outside int64")
+    if spec.max_ids is not None and len(value) > spec.max_ids:
+        raise InvalidArgument(
+            f"feature {spec.name!r} at example {i}: {len(value)} ids, more than max_ids {spec.max_ids}"
+        )
+    return value
+
+
+def _json_numbers(value: Any, name: str, i: int, what: str) -> np.ndarray:
+    """float32 array from a list of JSON numbers (int or float, not bool); ``what`` describes the expectation."""
+    for j, x in enumerate(value):
+        if type(x) is not float and type(x) is not int:
+            raise InvalidArgument(f"feature {name!r} at example {i}: expected {what}, got {_show(x)} at position {j}")
+    try:
+        as_double = np.array(value, dtype=np.float64)
+    except OverflowError:
+        raise InvalidArgument(f"feature {name!r} at example {i}: a value is outside the float range") from None
+    with np.errstate(over="ignore"):
+        return as_double.astype(np.float32)
+
+
+def _json_weights(value: Any, spec: SparseFeatureSpec, i: int) -> np.ndarray:
+    name = spec.weights or ""
+    if spec.kind is FeatureKind.SINGLE and type(value) is not list:
+        value = [value]
+    if type(value) is not list:
+        raise InvalidArgument(
+            f"feature {name!r} at example {i}: expected a list of weights (one number per id of {spec.name!r}), "
+            f"got {_show(value)}"
+        )
+    weights = _json_numbers(value, name, i, f"a list of weights (one number per id of {spec.name!r})")
+    _check_finite(weights, name, i)
+    return weights
+
+
+def _json_dense(value: Any, spec: DenseFeatureSpec, i: int) -> np.ndarray:
+    if spec.dim == 1 and type(value) is not list:
+        value = [value]
+    what = f"a list of {spec.dim} numbers"
+    if type(value) is not list:
+        raise InvalidArgument(f"feature {spec.name!r} at example {i}: expected {what}, got {_show(value)}")
+    if len(value) != spec.dim:
+        raise InvalidArgument(f"feature {spec.name!r} at example {i}: expected {spec.dim} numbers, got {len(value)}")
+    return _json_numbers(value, spec.name, i, what)
+
+
+def _check_finite(weights: np.ndarray, name: str, i: int) -> None:
+    bad = ~np.isfinite(weights)
+    if bad.any():
+        j = int(np.argmax(bad))
+        raise InvalidArgument(
+            f"feature {name!r} at example {i}: weights must be finite float32 values, got {weights[j]} at position {j}"
+        )
+
+
+# -- tf.Example value checks ------------------------------------------------------------------------------------------
+
+_KIND_TEXT: Final = {"bytes_list": "a bytes_list", "float_list": "a float_list", "int64_list": "an int64_list"}
+
+
+def _example_ids(feature: tfs_pb2.Feature, spec: SparseFeatureSpec, name: str, i: int) -> list[int]:
+    kind = feature.WhichOneof("kind")
+    if kind == "int64_list":
+        ids = list(feature.int64_list.value)
+    elif kind is None:
+        ids = []
+    else:
+        raise InvalidArgument(f"feature {name!r} at example {i}: expected an int64_list of ids, got {_KIND_TEXT[kind]}")
+    if spec.kind is FeatureKind.SINGLE:
+        if len(ids) != 1:
+            raise InvalidArgument(f"feature {name!r} at example {i}: expected exactly one id, got {len(ids)}")
+    elif spec.max_ids is not None and len(ids) > spec.max_ids:
+        raise InvalidArgument(f"feature {name!r} at example {i}: {len(ids)} ids, more than max_ids {spec.max_ids}")
+    return ids
+
+
+def _example_floats(feature: tfs_pb2.Feature, name: str, i: int, *, finite: bool) -> np.ndarray:
+    kind = feature.WhichOneof("kind")
+    if kind == "float_list":
+        values = np.array(feature.float_list.value, dtype=np.float32)
+    elif kind == "int64_list":
+        values = np.array(feature.int64_list.value, dtype=np.int64).astype(np.float32)
+    elif kind is None:
+        values = np.empty(0, dtype=np.float32)
+    else:
+        raise InvalidArgument(
+            f"feature {name!r} at example {i}: expected a float_list (or int64_list) of values, got {_KIND_TEXT[kind]}"
+        )
+    if finite:
+        _check_finite(values, name, i)
+    return values
+
+
+# -- messages ---------------------------------------------------------------------------------------------------------
+
+
+def _expected_names(manifest: Manifest) -> str:
+    sparse = ", ".join(f.name for f in manifest.sparse_features)
+    dense = ", ".join(d.name for d in manifest.dense_features) or "none"
+    weights = ", ".join(f.weights for f in manifest.sparse_features if f.weights) or "none"
+    return f"the model takes sparse features {sparse}; dense features {dense}; optional weights {weights}"
+
+
+def _show(value: Any, limit: int = 120) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
