@@ -1,0 +1,173 @@
+"""Placement (Monolith ``layout_filters``): which servables of an exported model one host serves.
+
+A filter is ``"<pattern>; <expression>"``. The pattern names sub-graphs: ``entry``, or ``ps_{i}`` which matches every
+``ps_<i>`` and binds ``i``; the expression is a Python-syntax boolean over ``i`` (integers, ``+ - * // %``,
+comparisons, ``and or not``, ``True``/``False``) evaluated by a small interpreter, never ``eval``. A servable is placed
+on the host when any filter selects it. :func:`model_config` renders the host's TF Serving model config text proto
+(``tensorflow_model_server --model_config_file``) with served names ``<model>_entry`` / ``<model>_ps_<i>``.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schemas.manifest import Manifest, entry_model_name, ps_dir_name, ps_model_name
+
+__all__ = ["Filter", "PlacementError", "Servable", "model_config", "parse_filter", "select"]
+
+
+class PlacementError(ValueError):
+    """A malformed filter or an empty placement; the message quotes the filter and the problem."""
+
+
+@dataclass(frozen=True)
+class Servable:
+    sub_graph: str  # "entry" or "ps_<i>"
+    name: str  # served model name
+    base_path: str  # directory holding the numeric versions
+
+
+@dataclass(frozen=True)
+class Filter:
+    text: str
+    regex: re.Pattern[str]
+    binds_i: bool
+    expr: ast.Expression
+
+    def selects(self, sub_graph: str) -> bool:
+        m = self.regex.fullmatch(sub_graph)
+        if not m:
+            return False
+        env = {"i": int(m.group("i"))} if self.binds_i else {}
+        value = _eval(self.expr.body, env, self.text)
+        if not isinstance(value, bool):
+            raise PlacementError(f"filter {self.text!r}: the expression gives {value!r}, not True/False")
+        return value
+
+
+_BIN: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+}
+_CMP: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge,
+}
+
+
+def parse_filter(text: str) -> Filter:
+    """Parse ``"<pattern>; <expression>"``; every disallowed construct is rejected here, before evaluation."""
+    pattern, sep, expression = text.partition(";")
+    pattern, expression = pattern.strip(), expression.strip()
+    if not sep or not pattern or not expression:
+        raise PlacementError(f"filter {text!r}: expected '<pattern>; <expression>', e.g. 'ps_{{i}}; i % 2 == 0'")
+    if not re.fullmatch(r"[A-Za-z0-9_]*(\{i\})?[A-Za-z0-9_]*", pattern):
+        raise PlacementError(f"filter {text!r}: pattern {pattern!r} may hold letters, digits, _ and one '{{i}}'")
+    binds_i = "{i}" in pattern
+    regex = re.compile(re.escape(pattern).replace(re.escape("{i}"), r"(?P<i>\d+)") if binds_i else re.escape(pattern))
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as exc:
+        raise PlacementError(f"filter {text!r}: expression {expression!r} is not valid syntax: {exc.msg}") from None
+    for node in ast.walk(tree):
+        _check_node(node, binds_i, text)
+    return Filter(text, regex, binds_i, tree)
+
+
+def _check_node(node: ast.AST, binds_i: bool, text: str) -> None:
+    allowed = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
+               ast.BinOp, ast.Compare, ast.Name, ast.Load, ast.Constant, *_BIN, *_CMP)
+    if not isinstance(node, allowed):
+        raise PlacementError(f"filter {text!r}: {type(node).__name__} is not allowed in an expression "
+                             "(only i, integers, + - * // %, comparisons, and/or/not, True/False)")
+    if isinstance(node, ast.Name):
+        if node.id != "i":
+            raise PlacementError(f"filter {text!r}: unknown name {node.id!r} (only 'i' may be used)")
+        if not binds_i:
+            raise PlacementError(f"filter {text!r}: the expression uses i but the pattern has no '{{i}}'")
+    if isinstance(node, ast.Constant) and (type(node.value) not in (int, bool)):
+        raise PlacementError(f"filter {text!r}: constant {node.value!r} is not an integer or True/False")
+
+
+def _eval(node: ast.AST, env: dict[str, int], text: str) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return env[node.id]
+    if isinstance(node, ast.BoolOp):
+        values = [_eval(v, env, text) for v in node.values]
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.UnaryOp):
+        v = _eval(node.operand, env, text)
+        return (not v) if isinstance(node.op, ast.Not) else (-v if isinstance(node.op, ast.USub) else +v)
+    if isinstance(node, ast.BinOp):
+        left, right = _eval(node.left, env, text), _eval(node.right, env, text)
+        try:
+            return _BIN[type(node.op)](left, right)
+        except ZeroDivisionError:
+            raise PlacementError(f"filter {text!r}: division by zero for i = {env.get('i')}") from None
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env, text)
+        for op, comp in zip(node.ops, node.comparators, strict=True):
+            right = _eval(comp, env, text)
+            if not _CMP[type(op)](left, right):
+                return False
+            left = right
+        return True
+    raise PlacementError(f"filter {text!r}: cannot evaluate {type(node).__name__}")  # unreachable after checks
+
+
+def select(
+    model_dir: str | Path,
+    filters: Sequence[str | Filter],
+    *,
+    name_prefix: str | None = None,
+    base_path_root: str | None = None,
+) -> list[Servable]:
+    """The servables of ``model_dir`` that any filter selects, entry first then shards in order.
+
+    ``name_prefix`` replaces the model name in served names; ``base_path_root`` replaces the model directory's parent
+    in base paths (e.g. where the host mounts the artifacts); default: the absolute local path.
+    """
+    md = Path(model_dir).resolve()
+    manifest = Manifest.load(md)
+    parsed = [f if isinstance(f, Filter) else parse_filter(f) for f in filters]
+    if not parsed:
+        raise PlacementError("no filter given: pass at least one, e.g. 'entry; True'")
+    prefix = name_prefix or manifest.model_name
+    root = base_path_root.rstrip("/") + "/" + md.name if base_path_root else str(md)
+    candidates = [("entry", entry_model_name(prefix))] + [
+        (ps_dir_name(i), ps_model_name(prefix, i)) for i in range(manifest.num_shards)
+    ]
+    chosen = [Servable(sg, name, f"{root}/{sg}") for sg, name in candidates if any(f.selects(sg) for f in parsed)]
+    if not chosen:
+        raise PlacementError(
+            f"{md}: no servable matches the filters {[f.text for f in parsed]} "
+            f"(sub-graphs: entry, ps_0..ps_{manifest.num_shards - 1})"
+        )
+    return chosen
+
+
+def model_config(servables: Sequence[Servable]) -> str:
+    """TF Serving ``ModelServerConfig`` text proto with one ``config`` per servable."""
+    lines = ["model_config_list {"]
+    for s in servables:
+        lines += [
+            "  config {",
+            f"    name: {_quote(s.name)}",
+            f"    base_path: {_quote(s.base_path)}",
+            '    model_platform: "tensorflow"',
+            "  }",
+        ]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _quote(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
