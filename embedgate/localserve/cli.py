@@ -64,6 +64,14 @@ def _run(args: argparse.Namespace) -> int:
         print("serve-local: give either --model_config_file or --model_base_path, not both", file=sys.stderr)
         return 2
     from embedgate.localserve.errors import ConfigError
+    from embedgate.localserve.model_config import load_config_file
+
+    if args.model_config_file is not None:
+        try:  # fail fast, before TensorFlow is imported
+            load_config_file(args.model_config_file)
+        except ConfigError as exc:
+            print(f"serve-local: {exc}", file=sys.stderr)
+            return 2
     from embedgate.localserve.server import ServerOptions, run
 
     options = ServerOptions(
