@@ -1,0 +1,482 @@
+"""Kafka delta messages: absolute embedding rows (never gradients) for one table of one model.
+
+A delta says "these ids now have exactly these rows" (``upsert``) or "these ids are gone" (``delete``). Applying one
+twice, or applying an older one again before the newer one, converges to the same state as long as each shard's
+messages are applied in partition order: that is what makes the updater's at-least-once delivery safe.
+
+Three encodings, all decoded by pure functions here (no I/O):
+
+**Binary** (production; ``encode_delta`` / ``decode_delta``), every integer little-endian::
+
+    offset        size      field
+    0             4         magic  b"EGDM"
+    4             1         version uint8 = 1
+    5             1         op uint8: 1 = upsert, 2 = delete
+    6             2         reserved uint16 = 0 (decoders reject anything else)
+    8             8         timestamp_ms int64: producer wall clock, ms since the Unix epoch
+    16            8         sequence int64 >= 0: per (producer, shard) counter, +1 per message
+    24            4         n uint32: number of ids (>= 1)
+    28            4         dim uint32: floats per row (upsert: >= 1; delete: 0)
+    32            1         M uint8: length of the model name (1..64)
+    33            1         T uint8: length of the table name (1..64)
+    34            1         P uint8: length of the producer id (0..255)
+    35            1         reserved uint8 = 0
+    36            M         model name, ASCII
+    36+M          T         table name, ASCII
+    36+M+T        P         producer id, UTF-8
+    H = 36+M+T+P  8*n       ids int64[n]
+    H + 8n        4*n*dim   values float32[n, dim], row-major (upsert only)
+    end = H + 8n + 4n*dim   (the message must end exactly there)
+
+**JSON** (debugging; ``encode_delta_json`` / same ``decode_delta``, recognised by a leading ``{``)::
+
+    {"model": "demo", "table": "item", "op": "upsert", "ids": [12], "values": [[0.1, 0.2]],
+     "timestamp_ms": 1764000000000, "sequence": 0, "producer": "trainer-0"}
+
+**HPS** (``decode_hps``: HugeCTR HPS's Kafka format, consumed as it is): topic ``hps_et.<model>.<table>``, no message
+key, value = magic uint32 ``0x52544348`` (bytes ``HCTR``), uint32 bytes per row (``4 * dim``), then records of
+(int64 key, float32[dim]) until the end; no count; a header-only message is a beacon (``None``). HPS has no delete,
+timestamp or sequence: the caller passes the Kafka record's timestamp and offset.
+
+Every decoder raises :class:`DeltaError` naming the problem (``.reason`` is a short stable slug for metrics and
+dead-letter headers).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from enum import StrEnum
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from schemas.manifest import Manifest
+
+__all__ = [
+    "BINARY_MAGIC",
+    "DEFAULT_TOPIC",
+    "FORMAT_VERSION",
+    "HPS_MAGIC",
+    "HPS_TOPIC_PATTERN",
+    "DeltaError",
+    "DeltaOp",
+    "EmbeddingDelta",
+    "check_against_manifest",
+    "decode_delta",
+    "decode_hps",
+    "encode_delta",
+    "encode_delta_json",
+    "encode_hps",
+    "hps_topic",
+]
+
+BINARY_MAGIC: Final = b"EGDM"
+FORMAT_VERSION: Final = 1
+HPS_MAGIC: Final = b"HCTR"  # uint32 0x52544348 little-endian
+DEFAULT_TOPIC: Final = "embedgate.deltas"
+HPS_TOPIC_PATTERN: Final = r"hps_et\..*"
+
+_HEADER = struct.Struct("<4sBBHqqIIBBBB")  # 36 bytes
+_OP_CODES: Final = {1: "upsert", 2: "delete"}
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+_HPS_TOPIC_RE = re.compile(r"^hps_et\.([A-Za-z0-9_\-]{1,120})\.([A-Za-z0-9_\-]{1,120})$")
+
+
+class DeltaError(ValueError):
+    """A delta message that cannot be decoded or is not valid.
+
+    ``reason`` is a stable slug (``bad_magic``, ``truncated``, ``shape_mismatch``, ``unknown_op``, ``bad_version``,
+    ``invalid_json``, ``invalid_field``, ``unknown_model``, ``unknown_table``, ``dim_mismatch``, ``nan_values``,
+    ``bad_topic``, ``unexpected_key``); the message says what was wrong and, for bytes, at which offset.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class DeltaOp(StrEnum):
+    UPSERT = "upsert"
+    DELETE = "delete"
+
+
+_OP_TO_CODE: Final = {DeltaOp.UPSERT: 1, DeltaOp.DELETE: 2}
+
+
+class EmbeddingDelta(BaseModel):
+    """Absolute rows for ``ids`` of ``table`` in ``model``; ``values`` is float32 [n, dim] for upserts, None for
+    deletes. Immutable; the arrays are read-only views."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="forbid")
+
+    model: str = Field(pattern=_NAME_RE.pattern)
+    table: str = Field(pattern=_NAME_RE.pattern)
+    op: DeltaOp
+    ids: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float32] | None = None
+    timestamp_ms: int = Field(ge=0, lt=2**63)
+    sequence: int = Field(0, ge=0, lt=2**63)
+    producer: str = Field("", max_length=255)
+
+    @field_validator("ids", mode="before")
+    @classmethod
+    def _ids(cls, v: Any) -> npt.NDArray[np.int64]:
+        a = np.asarray(v)
+        if a.ndim != 1:
+            raise ValueError(f"ids must be 1-D, got shape {a.shape}")
+        if a.size == 0:
+            raise ValueError("ids must not be empty")
+        if a.dtype.kind not in "iu":
+            if a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a)):
+                a = a.astype(np.int64)
+            else:
+                raise ValueError(f"ids must be integers, got dtype {a.dtype}")
+        if a.dtype.kind == "u" and a.size and int(a.max()) >= 2**63:
+            raise ValueError("ids must fit in int64")
+        out = np.ascontiguousarray(a, dtype="<i8")
+        out.flags.writeable = False
+        return out
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _values(cls, v: Any) -> npt.NDArray[np.float32] | None:
+        if v is None:
+            return None
+        a = np.asarray(v)
+        if a.dtype.kind not in "fiu":
+            raise ValueError(f"values must be numbers, got dtype {a.dtype}")
+        if a.ndim != 2:
+            raise ValueError(f"values must be 2-D [n, dim], got shape {a.shape}")
+        out = np.ascontiguousarray(a, dtype="<f4")
+        out.flags.writeable = False
+        return out
+
+    @model_validator(mode="after")
+    def _shapes(self) -> EmbeddingDelta:
+        n = len(self.ids)
+        if self.op is DeltaOp.UPSERT:
+            if self.values is None:
+                raise ValueError("an upsert needs values")
+            if self.values.shape[0] != n:
+                raise ValueError(f"values has {self.values.shape[0]} rows but there are {n} ids")
+            if self.values.shape[1] < 1:
+                raise ValueError("values must have dim >= 1")
+        elif self.values is not None:
+            raise ValueError("a delete carries no values")
+        return self
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    @property
+    def dim(self) -> int:
+        return 0 if self.values is None else int(self.values.shape[1])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EmbeddingDelta):
+            return NotImplemented
+        same_values = (self.values is None and other.values is None) or (
+            self.values is not None
+            and other.values is not None
+            and self.values.shape == other.values.shape
+            and self.values.tobytes() == other.values.tobytes()
+        )
+        return (
+            (self.model, self.table, self.op, self.timestamp_ms, self.sequence, self.producer)
+            == (other.model, other.table, other.op, other.timestamp_ms, other.sequence, other.producer)
+            and np.array_equal(self.ids, other.ids)
+            and same_values
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+# -- binary ---------------------------------------------------------------------------------------------------------
+def encode_delta(delta: EmbeddingDelta) -> bytes:
+    """The binary encoding (module docstring), byte for byte."""
+    model = delta.model.encode("ascii")
+    table = delta.table.encode("ascii")
+    producer = delta.producer.encode("utf-8")
+    if len(producer) > 255:
+        raise DeltaError("invalid_field", f"producer id is {len(producer)} bytes in UTF-8; at most 255")
+    header = _HEADER.pack(
+        BINARY_MAGIC,
+        FORMAT_VERSION,
+        _OP_TO_CODE[delta.op],
+        0,
+        delta.timestamp_ms,
+        delta.sequence,
+        delta.n,
+        delta.dim,
+        len(model),
+        len(table),
+        len(producer),
+        0,
+    )
+    parts = [header, model, table, producer, delta.ids.astype("<i8", copy=False).tobytes()]
+    if delta.values is not None:
+        parts.append(delta.values.astype("<f4", copy=False).tobytes())
+    return b"".join(parts)
+
+
+def decode_delta(data: bytes | bytearray | memoryview | None) -> EmbeddingDelta:
+    """Decode a binary or JSON delta (by its first byte); raises :class:`DeltaError` naming the problem."""
+    if data is None:
+        raise DeltaError("bad_magic", "empty message (null value / tombstone); expected a delta")
+    buf = bytes(data)
+    if buf[:4] == BINARY_MAGIC:
+        return _decode_binary(buf)
+    if buf.lstrip()[:1] == b"{":
+        return _decode_json(buf)
+    if buf[:4] == HPS_MAGIC:
+        raise DeltaError("bad_magic", "HPS message (magic HCTR) on a delta topic; publish it to hps_et.<model>.<table>")
+    if len(buf) < 4:
+        raise DeltaError("truncated", f"truncated at offset {len(buf)}: message has {len(buf)} bytes, magic needs 4")
+    raise DeltaError("bad_magic", f"wrong magic {buf[:4]!r} at offset 0; expected {BINARY_MAGIC!r} or a JSON object")
+
+
+def _decode_binary(buf: bytes) -> EmbeddingDelta:
+    size = len(buf)
+    if size < _HEADER.size:
+        raise DeltaError("truncated", f"truncated at offset {size}: header needs {_HEADER.size} bytes, got {size}")
+    _, version, op_code, reserved, ts, seq, n, dim, m_len, t_len, p_len, reserved2 = _HEADER.unpack_from(buf)
+    if version != FORMAT_VERSION:
+        raise DeltaError("bad_version", f"unsupported format version {version} at offset 4; this decoder reads 1")
+    if op_code not in _OP_CODES:
+        raise DeltaError("unknown_op", f"unknown op code {op_code} at offset 5; expected 1 (upsert) or 2 (delete)")
+    if reserved or reserved2:
+        raise DeltaError("invalid_field", "reserved header bytes (offsets 6-7, 35) must be 0")
+    op = DeltaOp(_OP_CODES[op_code])
+    if ts < 0:
+        raise DeltaError("invalid_field", f"negative timestamp_ms {ts} at offset 8")
+    if seq < 0:
+        raise DeltaError("invalid_field", f"negative sequence {seq} at offset 16")
+    if n == 0:
+        raise DeltaError("shape_mismatch", "n = 0 ids at offset 24; a delta carries at least one id")
+    if op is DeltaOp.UPSERT and dim == 0:
+        raise DeltaError("shape_mismatch", "upsert with dim = 0 at offset 28")
+    if op is DeltaOp.DELETE and dim != 0:
+        raise DeltaError("shape_mismatch", f"delete with dim = {dim} at offset 28; must be 0")
+    pos = _HEADER.size
+    names = []
+    for label, length in (("model name", m_len), ("table name", t_len), ("producer id", p_len)):
+        if pos + length > size:
+            raise DeltaError("truncated", f"truncated at offset {size}: {label} needs bytes {pos}..{pos + length}")
+        raw = buf[pos : pos + length]
+        try:
+            names.append(raw.decode("ascii" if label != "producer id" else "utf-8"))
+        except UnicodeDecodeError as exc:
+            raise DeltaError("invalid_field", f"{label} at offset {pos} is not valid text: {exc.reason}") from exc
+        pos += length
+    model, table, producer = names
+    for label, name in (("model name", model), ("table name", table)):
+        if not _NAME_RE.match(name):
+            raise DeltaError("invalid_field", f"{label} {name!r} is not a valid name (letters, digits, _)")
+    ids_end = pos + 8 * n
+    values_end = ids_end + 4 * n * dim
+    if size < values_end:
+        what = "ids" if size < ids_end else "values"
+        raise DeltaError(
+            "truncated",
+            f"truncated at offset {size}: n={n}, dim={dim} need {values_end} bytes ({what} incomplete)",
+        )
+    if size > values_end:
+        raise DeltaError(
+            "shape_mismatch",
+            f"{size - values_end} trailing bytes after offset {values_end}: n*dim does not match the payload "
+            f"(n={n}, dim={dim})",
+        )
+    ids = np.frombuffer(buf, dtype="<i8", count=n, offset=pos)
+    values = np.frombuffer(buf, dtype="<f4", count=n * dim, offset=ids_end).reshape(n, dim) if dim else None
+    return _build(
+        model=model, table=table, op=op, ids=ids, values=values, timestamp_ms=ts, sequence=seq, producer=producer
+    )
+
+
+def _build(**fields: Any) -> EmbeddingDelta:
+    try:
+        return EmbeddingDelta(**fields)
+    except ValidationError as exc:
+        raise DeltaError("invalid_field", f"invalid delta: {_describe(exc)}") from exc
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "<root>"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+# -- JSON -----------------------------------------------------------------------------------------------------------
+class _JsonDelta(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    table: str
+    op: str
+    ids: list[int]
+    values: list[list[float]] | None = None
+    timestamp_ms: int
+    sequence: int = 0
+    producer: str = ""
+
+
+def encode_delta_json(delta: EmbeddingDelta) -> bytes:
+    """The JSON encoding (module docstring); NaN/Inf are written as the JSON extensions NaN/Infinity."""
+    body = {
+        "model": delta.model,
+        "table": delta.table,
+        "op": delta.op.value,
+        "ids": delta.ids.tolist(),
+        "values": None if delta.values is None else delta.values.tolist(),
+        "timestamp_ms": delta.timestamp_ms,
+        "sequence": delta.sequence,
+        "producer": delta.producer,
+    }
+    if body["values"] is None:
+        del body["values"]
+    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+def _decode_json(buf: bytes) -> EmbeddingDelta:
+    try:
+        obj = json.loads(buf.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DeltaError("invalid_json", f"JSON delta is not UTF-8 at offset {exc.start}") from exc
+    except json.JSONDecodeError as exc:
+        raise DeltaError("invalid_json", f"invalid JSON at offset {exc.pos}: {exc.msg}") from exc
+    try:
+        raw = _JsonDelta.model_validate(obj)
+    except ValidationError as exc:
+        raise DeltaError("invalid_json", f"JSON delta failed validation: {_describe(exc)}") from exc
+    if raw.op not in ("upsert", "delete"):
+        raise DeltaError("unknown_op", f"unknown op {raw.op!r}; expected 'upsert' or 'delete'")
+    values = None
+    if raw.values is not None:
+        widths = {len(r) for r in raw.values}
+        if len(widths) > 1:
+            raise DeltaError("shape_mismatch", f"values rows have different lengths {sorted(widths)}")
+        if raw.op == "upsert" and len(raw.values) != len(raw.ids):
+            raise DeltaError(
+                "shape_mismatch", f"values has {len(raw.values)} rows but there are {len(raw.ids)} ids"
+            )
+        values = np.asarray(raw.values, dtype=np.float32).reshape(len(raw.values), widths.pop() if widths else 0)
+    if any(not (-(2**63) <= i < 2**63) for i in raw.ids):
+        raise DeltaError("invalid_field", "ids must fit in int64")
+    return _build(
+        model=raw.model,
+        table=raw.table,
+        op=DeltaOp(raw.op),
+        ids=np.asarray(raw.ids, dtype=np.int64),
+        values=values,
+        timestamp_ms=raw.timestamp_ms,
+        sequence=raw.sequence,
+        producer=raw.producer,
+    )
+
+
+# -- HPS ------------------------------------------------------------------------------------------------------------
+def hps_topic(model: str, table: str) -> str:
+    """``hps_et.<model>.<table>``: the topic HPS's Kafka sink writes one table's updates to."""
+    return f"hps_et.{model}.{table}"
+
+
+def encode_hps(ids: npt.ArrayLike, values: npt.ArrayLike) -> bytes:
+    """An HPS message value: ``HCTR``, uint32 4*dim, then (int64 key, float32[dim]) records, little-endian."""
+    keys = np.asarray(ids, dtype="<i8")
+    vecs = np.asarray(values, dtype="<f4")
+    if vecs.ndim != 2 or vecs.shape[0] != keys.shape[0]:
+        raise DeltaError("shape_mismatch", f"values shape {vecs.shape} does not match {keys.shape[0]} ids")
+    d = vecs.shape[1]
+    rec = np.empty(len(keys), dtype=[("k", "<i8"), ("v", "<f4", (d,))])
+    rec["k"], rec["v"] = keys, vecs
+    return HPS_MAGIC + struct.pack("<I", d * 4) + rec.tobytes()
+
+
+def decode_hps(
+    topic: str, value: bytes | None, *, key: bytes | None = None, timestamp_ms: int = 0, sequence: int = 0
+) -> EmbeddingDelta | None:
+    """Decode an HPS Kafka record as HPS's own consumer does; None for a beacon (header only) or a null value.
+
+    Like HPS, a record with a non-empty key is rejected (``unexpected_key``). ``timestamp_ms``/``sequence`` are the
+    Kafka record's timestamp and offset (HPS carries neither).
+    """
+    m = _HPS_TOPIC_RE.match(topic)
+    if not m:
+        raise DeltaError("bad_topic", f"topic {topic!r} is not hps_et.<model>.<table>")
+    model, table = m.group(1), m.group(2)
+    if key:
+        raise DeltaError("unexpected_key", f"HPS message on {topic!r} has a key ({len(key)} bytes); HPS sends none")
+    if value is None:
+        return None
+    buf = bytes(value)
+    if len(buf) < 8:
+        raise DeltaError("truncated", f"truncated at offset {len(buf)}: HPS header needs 8 bytes")
+    if buf[:4] != HPS_MAGIC:
+        raise DeltaError("bad_magic", f"wrong magic {buf[:4]!r} at offset 0; expected {HPS_MAGIC!r}")
+    (value_size,) = struct.unpack_from("<I", buf, 4)
+    if len(buf) == 8:
+        return None  # beacon
+    if value_size == 0 or value_size % 4:
+        raise DeltaError("shape_mismatch", f"bytes per vector {value_size} at offset 4 is not a positive multiple of 4")
+    dim = value_size // 4
+    record = 8 + value_size
+    body = len(buf) - 8
+    if body % record:
+        whole = body // record
+        raise DeltaError(
+            "truncated",
+            f"truncated at offset {8 + whole * record}: {body % record} bytes of a {record}-byte record "
+            f"(int64 key + {dim} float32)",
+        )
+    n = body // record
+    rec = np.frombuffer(buf, dtype=[("k", "<i8"), ("v", "<f4", (dim,))], count=n, offset=8)
+    for label, name in (("model", model), ("table", table)):
+        if not _NAME_RE.match(name):
+            raise DeltaError(f"unknown_{label}", f"HPS {label} name {name!r} cannot name an embedgate {label}")
+    return _build(
+        model=model,
+        table=table,
+        op=DeltaOp.UPSERT,
+        ids=np.ascontiguousarray(rec["k"]),
+        values=np.ascontiguousarray(rec["v"]),
+        timestamp_ms=max(0, timestamp_ms),
+        sequence=max(0, sequence),
+        producer="hps",
+    )
+
+
+# -- semantic checks ------------------------------------------------------------------------------------------------
+def check_against_manifest(delta: EmbeddingDelta, manifest: Manifest) -> None:
+    """Raise :class:`DeltaError` if ``delta`` does not fit ``manifest``: other model, unknown table, wrong dim,
+    NaN/Inf rows when the table forbids them."""
+    if delta.model != manifest.model_name:
+        raise DeltaError("unknown_model", f"delta for model {delta.model!r} checked against {manifest.model_name!r}")
+    try:
+        spec = manifest.table(delta.table)
+    except KeyError:
+        known = ", ".join(t.name for t in manifest.tables)
+        raise DeltaError(
+            "unknown_table", f"model {delta.model!r} has no table {delta.table!r} (tables: {known})"
+        ) from None
+    if delta.values is not None:
+        if delta.dim != spec.dim:
+            raise DeltaError(
+                "dim_mismatch", f"table {delta.model}.{delta.table} has dim {spec.dim}, the delta has dim {delta.dim}"
+            )
+        if not spec.allow_nan:
+            finite = np.isfinite(delta.values)
+            if not finite.all():
+                row = int(np.argwhere(~finite)[0][0])
+                raise DeltaError(
+                    "nan_values",
+                    f"row {row} (id {int(delta.ids[row])}) holds NaN/Inf; table {delta.model}.{delta.table} "
+                    "forbids them",
+                )
+

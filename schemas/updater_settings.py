@@ -1,0 +1,111 @@
+"""``UpdaterSettings``: everything ``embedgate updater`` reads at startup, from YAML plus ``EMBEDGATE_`` env vars.
+
+Precedence: environment over YAML over defaults. Nested keys use ``__``: ``EMBEDGATE_BATCH__MAX_ROWS=1024``,
+``EMBEDGATE_RETRY__MAX_BACKOFF_MS=2000``; lists/objects take JSON: ``EMBEDGATE_TOPICS='["a","b"]'``.
+``models:`` is the gateway's model list (:mod:`schemas.deployment`); the updater uses its ``embedding`` entries and
+ignores ``passthrough`` ones. Bad values are rejected at startup.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from schemas.deltas import DEFAULT_TOPIC, HPS_TOPIC_PATTERN
+from schemas.deployment import DeployedModel, EmbeddingModel
+
+__all__ = ["BatchSettings", "RetrySettings", "UpdaterSettings"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BatchSettings(_Strict):
+    max_rows: int = Field(8192, gt=0, description="rows gathered before a batch is applied")
+    max_delay_ms: int = Field(20, ge=0, le=60_000, description="longest a batch waits to fill once it has a record")
+    max_rows_per_call: int = Field(16384, gt=0, description="rows per Predict call (large groups are chunked)")
+
+
+class RetrySettings(_Strict):
+    min_backoff_ms: int = Field(100, gt=0, description="first wait before retrying a failed shard write")
+    max_backoff_ms: int = Field(5000, gt=0, description="cap of the exponential backoff")
+
+    @model_validator(mode="after")
+    def _order(self) -> RetrySettings:
+        if self.max_backoff_ms < self.min_backoff_ms:
+            raise ValueError("retry.max_backoff_ms must be >= retry.min_backoff_ms")
+        return self
+
+
+class UpdaterSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="EMBEDGATE_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    models: list[DeployedModel] = Field(min_length=1)
+    bootstrap_servers: str = Field("127.0.0.1:9092", description="comma-separated host:port list")
+    topics: list[str] = Field(default_factory=lambda: [DEFAULT_TOPIC], description="embedgate delta topics")
+    hps_topic_pattern: str | None = Field(HPS_TOPIC_PATTERN, description="regex of HPS topics; null = off")
+    group_id: str = "embedgate-updater"
+    client_id: str = "embedgate-updater"
+    dead_letter_topic: str = "embedgate.deltas.dlq"
+    create_topics: bool = Field(True, description="create topics and the dead-letter topic at startup if missing")
+    topic_partitions: int = Field(4, gt=0, description="partitions of topics the updater creates")
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    session_timeout_ms: int = Field(10_000, ge=1000)
+    heartbeat_interval_ms: int = Field(1000, ge=100)
+    metadata_max_age_ms: int = Field(5000, ge=1000, description="how soon new HPS topics are discovered")
+    batch: BatchSettings = BatchSettings()
+    retry: RetrySettings = RetrySettings()
+    apply_deadline_s: float = Field(5.0, gt=0, description="deadline of each Predict write call")
+    metrics_port: int = Field(9464, ge=0, le=65535, description="Prometheus /metrics port; 0 = off")
+    metrics_host: str = "127.0.0.1"
+    log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _check(self) -> UpdaterSettings:
+        if not self.embedding_models:
+            raise ValueError("models: no embedding model configured; the updater has nothing to write to")
+        if not self.topics and not self.hps_topic_pattern:
+            raise ValueError("topics is empty and hps_topic_pattern is off: nothing to consume")
+        if self.dead_letter_topic in self.topics:
+            raise ValueError(f"dead_letter_topic {self.dead_letter_topic!r} must not be one of topics")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError("a model is configured twice")
+        return self
+
+    @property
+    def embedding_models(self) -> list[EmbeddingModel]:
+        return [m for m in self.models if isinstance(m, EmbeddingModel)]
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment wins over the values passed in (which come from the YAML file).
+        return (env_settings, init_settings)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> UpdaterSettings:
+        """Read ``path`` (YAML mapping), apply ``EMBEDGATE_`` env overrides, validate."""
+        p = Path(path)
+        try:
+            data: Any = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except OSError as exc:
+            raise ValueError(f"{p}: cannot read updater config: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{p}: invalid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"{p}: the updater config must be a YAML mapping")
+        return cls(**data)
