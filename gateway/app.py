@@ -1,0 +1,132 @@
+"""``create_app(settings)``: routes, middleware, lifespan; nothing happens at import.
+
+Reads each embedding model's manifest (and the exporter's ``example_request.json`` next to it, used as the
+OpenAPI example) when the app is created, so a bad config fails at startup. gRPC channels open in the lifespan.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.lifespan import InFlightLimiter, Runtime, lifespan
+from gateway.logs import REQUEST_ID
+from gateway.metrics import Metrics
+from gateway.routes import ops
+from gateway.routes.v1 import add_v1_routes
+from schemas.deployment import EmbeddingModel
+from schemas.gateway_settings import GatewaySettings
+from schemas.manifest import Manifest
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("embedgate.access")
+EXAMPLE_REQUEST_FILE = "example_request.json"
+_QUIET = ("/healthz", "/readyz", "/metrics")
+
+
+class RequestIdMiddleware:
+    """Echo or assign ``X-Request-Id``; one access log line per request (probes and /metrics excluded)."""
+
+    def __init__(self, app: ASGIApp, access_log: bool) -> None:
+        self.app = app
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = ""
+        for k, v in scope.get("headers", []):
+            if k == b"x-request-id":
+                rid = v.decode("latin-1")[:128]
+                break
+        rid = rid or uuid.uuid4().hex
+        token = REQUEST_ID.set(rid)
+        status = 0
+        start = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode("latin-1"))]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if self.access_log and scope["path"] not in _QUIET:
+                log.info("request", extra={"method": scope["method"], "path": scope["path"], "status": status,
+                                           "duration_ms": round((time.perf_counter() - start) * 1000, 3)})
+            REQUEST_ID.reset(token)
+
+
+def _model_dir(manifest_path: Path) -> Path:
+    return manifest_path if manifest_path.is_dir() else manifest_path.parent
+
+
+def _examples(settings: GatewaySettings, manifests: dict[str, Manifest]) -> tuple[dict[str, dict[str, Any]], str]:
+    predict: dict[str, Any] = {}
+    default = settings.models[0].name
+    for m in settings.models:
+        if not isinstance(m, EmbeddingModel):
+            continue
+        f = _model_dir(m.manifest) / EXAMPLE_REQUEST_FILE
+        try:
+            value = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not predict:
+            default = m.name
+        predict[m.name] = {"summary": f"{m.name}: the exporter's example request", "value": value}
+    predict["tf_row"] = {"summary": "TF Serving row format (plain model)", "value": {"instances": [[1.0, 2.0, 5.0]]}}
+    predict["tf_columnar"] = {"summary": "TF Serving columnar format", "value": {"inputs": [[1.0, 2.0, 5.0]]}}
+    examples_req = {"examples": [{"x": [1.0], "y": 2.0}]}
+    return {
+        "predict": predict,
+        "classify": {"examples": {"summary": "examples as tf.Example features", "value": examples_req}},
+        "regress": {"examples": {"summary": "examples as tf.Example features", "value": examples_req}},
+    }, default
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    """The ASGI app for ``settings`` (manifests are read now; backends are connected in the lifespan)."""
+    manifests: dict[str, Manifest] = {}
+    for m in settings.models:
+        if isinstance(m, EmbeddingModel):
+            man = Manifest.load(m.manifest)
+            if man.num_shards != len(m.shards):
+                raise ValueError(
+                    f"model {m.name!r}: manifest {m.manifest} has {man.num_shards} shards, config lists {len(m.shards)}"
+                )
+            manifests[m.name] = man
+    runtime = Runtime(
+        settings=settings,
+        manifests=manifests,
+        metrics=Metrics(),
+        limiter=InFlightLimiter(settings.max_in_flight, settings.overload_status, settings.retry_after_s),
+        model_names=frozenset(m.name for m in settings.models),
+    )
+    app = FastAPI(
+        title="embedgate gateway",
+        description="TF Serving REST API in front of plain TF Serving models and entry + sharded-PS embedding models.",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url="/docs" if settings.docs else None,
+        redoc_url=None,
+        openapi_url="/openapi.json" if settings.docs else None,
+    )
+    app.state.runtime = runtime
+    app.include_router(ops.router)
+    examples, default_model = _examples(settings, manifests)
+    add_v1_routes(app, examples, default_model)
+    app.add_middleware(RequestIdMiddleware, access_log=settings.log.access)
+    return app

@@ -1,0 +1,1 @@
+"""REST routes: ``v1`` (TF Serving's API) and ``ops`` (probes, metrics)."""
