@@ -339,13 +339,15 @@ def _json_ids(value: Any, spec: SparseFeatureSpec, i: int) -> list[int]:
     return value
 
 
-def _json_numbers(value: Any, name: str, i: int, what: str) -> np.ndarray:
-    """float32 array from a list of JSON numbers (int or float, not bool); ``what`` describes the expectation."""
-    for j, x in enumerate(value):
+def _json_numbers(values: list[Any], name: str, i: int, what: str, *, bare: bool = False) -> np.ndarray:
+    """float32 array from a list of JSON numbers (int or float, not bool); ``what`` describes the expectation and
+    ``bare`` says the client sent one value, not a list (no position in the error then)."""
+    for j, x in enumerate(values):
         if type(x) is not float and type(x) is not int:
-            raise InvalidArgument(f"feature {name!r} at example {i}: expected {what}, got {_show(x)} at position {j}")
+            where = "" if bare else f" at position {j}"
+            raise InvalidArgument(f"feature {name!r} at example {i}: expected {what}, got {_show(x)}{where}")
     try:
-        as_double = np.array(value, dtype=np.float64)
+        as_double = np.array(values, dtype=np.float64)
     except OverflowError:
         raise InvalidArgument(f"feature {name!r} at example {i}: a value is outside the float range") from None
     with np.errstate(over="ignore"):
@@ -354,27 +356,27 @@ def _json_numbers(value: Any, name: str, i: int, what: str) -> np.ndarray:
 
 def _json_weights(value: Any, spec: SparseFeatureSpec, i: int) -> np.ndarray:
     name = spec.weights or ""
-    if spec.kind is FeatureKind.SINGLE and type(value) is not list:
-        value = [value]
+    bare = spec.kind is FeatureKind.SINGLE and type(value) is not list
+    what = f"a list of weights (one number per id of {spec.name!r})"
+    if bare:
+        value, what = [value], f"a weight for {spec.name!r} (a number or a one-element list)"
     if type(value) is not list:
-        raise InvalidArgument(
-            f"feature {name!r} at example {i}: expected a list of weights (one number per id of {spec.name!r}), "
-            f"got {_show(value)}"
-        )
-    weights = _json_numbers(value, name, i, f"a list of weights (one number per id of {spec.name!r})")
+        raise InvalidArgument(f"feature {name!r} at example {i}: expected {what}, got {_show(value)}")
+    weights = _json_numbers(value, name, i, what, bare=bare)
     _check_finite(weights, name, i)
     return weights
 
 
 def _json_dense(value: Any, spec: DenseFeatureSpec, i: int) -> np.ndarray:
-    if spec.dim == 1 and type(value) is not list:
+    bare = spec.dim == 1 and type(value) is not list
+    what = "a number (or a list of 1 number)" if spec.dim == 1 else f"a list of {spec.dim} numbers"
+    if bare:
         value = [value]
-    what = f"a list of {spec.dim} numbers"
     if type(value) is not list:
         raise InvalidArgument(f"feature {spec.name!r} at example {i}: expected {what}, got {_show(value)}")
     if len(value) != spec.dim:
         raise InvalidArgument(f"feature {spec.name!r} at example {i}: expected {spec.dim} numbers, got {len(value)}")
-    return _json_numbers(value, spec.name, i, what)
+    return _json_numbers(value, spec.name, i, what, bare=bare)
 
 
 def _check_finite(weights: np.ndarray, name: str, i: int) -> None:
@@ -382,7 +384,8 @@ def _check_finite(weights: np.ndarray, name: str, i: int) -> None:
     if bad.any():
         j = int(np.argmax(bad))
         raise InvalidArgument(
-            f"feature {name!r} at example {i}: weights must be finite float32 values, got {weights[j]} at position {j}"
+            f"feature {name!r} at example {i}: weights must be finite float32 values, got {_show(float(weights[j]))} "
+            f"at position {j}"
         )
 
 
