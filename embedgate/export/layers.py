@@ -15,7 +15,7 @@ from keras import ops
 
 from schemas.manifest import Combiner
 
-__all__ = ["EmbeddingPooling"]
+__all__ = ["EmbeddingPooling", "FMInteraction"]
 
 
 @keras.saving.register_keras_serializable(package="embedgate")
@@ -57,3 +57,16 @@ class EmbeddingPooling(keras.layers.Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "combiner": self.combiner}
+
+
+@keras.saving.register_keras_serializable(package="embedgate")
+class FMInteraction(keras.layers.Layer):
+    """Factorization-machine second-order term over field vectors ``[B, F, dim] -> [B, 1]``:
+    ``0.5 * sum_d ((sum_f v_fd)^2 - sum_f v_fd^2)``."""
+
+    def call(self, fields: Any) -> Any:
+        s = ops.sum(fields, axis=1)
+        return 0.5 * ops.sum(ops.square(s) - ops.sum(ops.square(fields), axis=1), axis=1, keepdims=True)
+
+    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
+        return (input_shape[0], 1)
