@@ -89,6 +89,7 @@ def export_model(
         raise ExportError(f"num_shards must be >= 1, got {num_shards}")
     keras_model = _load_model(model)
     plan = _plan(keras_model, decl, tables or {})
+    del keras_model
     model_dir = Path(out_dir) / decl.model_name
     ver = next_version(model_dir) if version is None else version
     if ver < 1:
@@ -197,7 +198,17 @@ def _load_model(model: Any) -> Any:
         return keras.saving.load_model(p)
     if not isinstance(model, keras.Model):
         raise DeclarationError(f"expected a keras.Model or a .keras file, got {type(model).__name__}")
-    return model
+    # Cutting the entry sub-graph adds nodes to the layers it passes through, which would leave the caller's model
+    # unsaveable: work on a copy (same config, same weights).
+    try:
+        copy = model.__class__.from_config(model.get_config())
+    except Exception as exc:  # noqa: BLE001 - whatever from_config raises for an unserialisable model
+        raise DeclarationError(
+            f"cannot copy model {model.name!r} from its config ({exc}); register custom layers with "
+            "keras.saving.register_keras_serializable or pass a .keras file"
+        ) from exc
+    copy.set_weights(model.get_weights())
+    return copy
 
 
 def _plan(model: Any, decl: Declaration, table_rows: Mapping[str, Rows | str | Path]) -> _Plan:

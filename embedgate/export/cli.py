@@ -1,0 +1,145 @@
+"""``embedgate export | demo-model | tables | placement``. Light at import: TensorFlow is imported in the commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("export", help="export a Keras model as entry + sharded PS SavedModels + manifest")
+    p.add_argument("--model", required=True, type=Path, help="trained Keras model (.keras file)")
+    p.add_argument("--declaration", required=True, type=Path, help="YAML declaration of sparse and dense inputs")
+    p.add_argument("--out", required=True, type=Path, help="output root; writes <out>/<model_name>/")
+    p.add_argument("--shards", type=int, default=2, help="number of PS shards (default 2)")
+    p.add_argument("--version", type=int, default=None, help="version number (default: next)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing version")
+    p.add_argument("--table", action="append", default=[], metavar="NAME=DIR",
+                   help="serve table NAME from an HPS directory instead of the Embedding weights (repeatable)")
+    p.set_defaults(func=_export)
+
+    p = subparsers.add_parser("demo-model", help="train and export the demo CTR model")
+    p.add_argument("--out", required=True, type=Path, help="output root; writes <out>/<name>/ and <out>/<name>.keras")
+    p.add_argument("--name", default="demo")
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=100_000, help="ids in the user and item tables")
+    p.add_argument("--steps", type=int, default=300, help="training steps (batch 512)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--small", action="store_true", help="small and fast (tests)")
+    p.set_defaults(func=_demo)
+
+    p = subparsers.add_parser("tables", help="embedding tables as HPS files (key + emb_vector)")
+    tsub = p.add_subparsers(dest="tables_command", required=True, metavar="ACTION")
+    e = tsub.add_parser("export", help="write the exported rows of a model's tables as HPS directories")
+    e.add_argument("--model-dir", required=True, type=Path, help="<out>/<model> (holds manifest.json)")
+    e.add_argument("--dest", required=True, type=Path, help="writes <dest>/<table>/{key,emb_vector}")
+    e.add_argument("--table", action="append", default=None, help="only this table (repeatable)")
+    e.add_argument("--version", type=int, default=None, help="default: the manifest's version")
+    e.set_defaults(func=_tables_export)
+    i = tsub.add_parser("import", help="publish a new version whose tables hold rows from HPS directories")
+    i.add_argument("--model-dir", required=True, type=Path)
+    i.add_argument("--table", action="append", required=True, metavar="NAME=DIR", help="repeatable")
+    i.add_argument("--version", type=int, default=None, help="default: next")
+    i.add_argument("--overwrite", action="store_true")
+    i.set_defaults(func=_tables_import)
+
+    p = subparsers.add_parser("placement", help="TF Serving model config for one host from layout filters")
+    p.add_argument("--model-dir", required=True, type=Path)
+    p.add_argument("--filter", action="append", required=True, dest="filters", metavar="'PATTERN; EXPR'",
+                   help="e.g. 'entry; True' or 'ps_{i}; i %% 2 == 1' (repeatable; any match selects)")
+    p.add_argument("--name-prefix", default=None, help="served-name prefix (default: the model name)")
+    p.add_argument("--base-path-root", default=None, help="directory holding the model dir on the host")
+    p.add_argument("--out", type=Path, default=None, help="write here (default: stdout)")
+    p.set_defaults(func=_placement)
+
+
+def _pairs(items: list[str]) -> dict[str, Path]:
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"embedgate: --table expects NAME=DIR, got {item!r}")
+        out[name] = Path(path)
+    return out
+
+
+def _fail(exc: Exception) -> int:
+    print(f"embedgate: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def _quiet_tf() -> None:
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _export(args: argparse.Namespace) -> int:
+    _quiet_tf()
+    from embedgate.export.exporter import export_model
+
+    try:
+        r = export_model(args.model, args.declaration, args.out, num_shards=args.shards, version=args.version,
+                         overwrite=args.overwrite, tables=_pairs(args.table))
+    except ValueError as exc:
+        return _fail(exc)
+    print(f"exported {r.model_dir} version {r.version}: entry + {r.manifest.num_shards} PS shards, "
+          f"tables {', '.join(f'{t.name}({t.rows}x{t.dim})' for t in r.manifest.tables)}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    _quiet_tf()
+    from embedgate.export.demo import build_demo
+
+    a = build_demo(args.out, model_name=args.name, num_shards=args.shards, vocab=args.vocab, train_steps=args.steps,
+                   seed=args.seed, small=args.small)
+    print(f"demo model at {a.model_dir} (version {a.manifest.version}); held-out AUC {a.auc:.3f}; "
+          f"built in {a.seconds:.1f} s; Keras model {a.keras_path}; request body {a.model_dir / 'example_request.json'}")
+    return 0
+
+
+def _tables_export(args: argparse.Namespace) -> int:
+    _quiet_tf()
+    from embedgate.export.artifact import export_tables
+
+    try:
+        counts = export_tables(args.model_dir, args.dest, tables=args.table, version=args.version)
+    except ValueError as exc:
+        return _fail(exc)
+    for name, n in counts.items():
+        print(f"{args.dest / name}: {n} rows")
+    return 0
+
+
+def _tables_import(args: argparse.Namespace) -> int:
+    _quiet_tf()
+    from embedgate.export.artifact import import_tables
+
+    try:
+        r = import_tables(args.model_dir, _pairs(args.table), version=args.version, overwrite=args.overwrite)
+    except ValueError as exc:
+        return _fail(exc)
+    print(f"published {r.model_dir} version {r.version}")
+    return 0
+
+
+def _placement(args: argparse.Namespace) -> int:
+    from embedgate.export.placement import model_config, select
+
+    try:
+        text = model_config(select(args.model_dir, args.filters, name_prefix=args.name_prefix,
+                                   base_path_root=args.base_path_root))
+    except ValueError as exc:
+        return _fail(exc)
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        tmp = args.out.with_name(f".{args.out.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(args.out)
+    return 0
