@@ -29,7 +29,7 @@ from embedgate.localserve.model_config import ModelEntry
 from embedgate.localserve.policy import aspired_versions
 from embedgate.localserve.source import scan_versions
 
-__all__ = ["Loadable", "Manager", "VersionState", "VersionStatus"]
+__all__ = ["Handle", "Loadable", "Manager", "VersionState", "VersionStatus"]
 
 _log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class _Model:
     status: dict[int, VersionStatus] = field(default_factory=dict)
     failed: dict[int, int] = field(default_factory=dict)  # version -> mtime_ns of the marker that failed
     removed: bool = False
+    warned_empty: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,10 @@ class Manager:
         entry = model.entry
         on_disk = {} if model.removed else scan_versions(entry.base_path)
         aspired = aspired_versions(on_disk, entry.policy)
+        if not model.removed and not aspired and not model.warned_empty:
+            _log.warning("No versions of servable %s found under base path %s (version dirs need saved_model.pb)",
+                         name, entry.base_path)
+        model.warned_empty = not aspired
         for version in sorted(aspired - set(model.available)):
             path = on_disk[version]
             stamp = _marker_mtime(path)

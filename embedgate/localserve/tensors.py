@@ -18,11 +18,10 @@ _INT_VAL = {types_pb2.DT_INT32, types_pb2.DT_INT16, types_pb2.DT_INT8, types_pb2
 
 
 def dtype_name(dtype: int) -> str:
-    """TF's short name for a ``DataType`` enum value (``float``, ``int64``, ...), as in TF error messages."""
-    try:
-        return str(tf.dtypes.as_dtype(dtype).name).replace("float32", "float").replace("float64", "double")
-    except TypeError:
-        return types_pb2.DataType.Name(dtype) if dtype in types_pb2.DataType.values() else str(dtype)
+    """TF's ``DataTypeString`` of a ``DataType`` enum value (``float``, ``double``, ``int64``, ...)."""
+    if dtype in types_pb2.DataType.values():
+        return types_pb2.DataType.Name(dtype).removeprefix("DT_").lower()
+    return f"<unknown dtype {dtype}>"
 
 
 def decode_tensor(proto: tensor_pb2.TensorProto) -> np.ndarray:
