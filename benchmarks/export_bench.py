@@ -1,0 +1,103 @@
+"""Export time and PS resident memory per million rows at dim 64.
+
+    .venv/bin/python -m benchmarks.export_bench [--rows 1000000] [--dim 64] [--shards 2]
+
+1. Export: a Keras model with one ``Embedding(rows, dim)`` table (plus a small dense head) through
+   :func:`embedgate.export.exporter.export_model` with ``--shards`` PS shards; wall time, and time per million rows.
+2. PS memory: in a fresh subprocess, import TensorFlow, read VmRSS, load every PS shard with the TF1 loader
+   (``tf.compat.v1.saved_model.loader.load``, as ``tensorflow_model_server`` does), run one ``lookup``, read VmRSS
+   again; the difference per million rows is compared with the raw numpy bytes (8-byte key + 4*dim bytes per row).
+
+Bounded: ``--rows`` is capped at 5 million and the subprocess at 600 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["main"]
+
+_CHILD = r"""
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+import numpy as np, tensorflow as tf
+tf.constant(1.0) + 1  # initialise the runtime before the baseline
+before = rss()
+sessions = []
+for d in sys.argv[1:]:
+    g = tf.Graph(); s = tf.compat.v1.Session(graph=g)
+    with g.as_default():
+        mg = tf.compat.v1.saved_model.loader.load(s, ["serve"], d)
+    sd = mg.signature_def["lookup"]
+    s.run(sd.outputs["t_values"].name, {sd.inputs["t_ids"].name: np.arange(1000, dtype=np.int64)})
+    rc = mg.signature_def["row_count"]
+    rows = int(s.run(rc.outputs["t_rows"].name))
+    sessions.append((s, rows))
+after = rss()
+print(json.dumps({"before": before, "after": after, "rows": sum(r for _, r in sessions)}))
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--shards", type=int, default=2)
+    args = ap.parse_args(argv)
+    rows = min(args.rows, 5_000_000)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+    import keras
+    import numpy as np
+
+    from embedgate.export.declaration import Declaration
+    from embedgate.export.exporter import export_model
+
+    ids = keras.Input((), dtype="int64", name="t_ids_in")
+    vec = keras.layers.Identity(name="t_vec")(keras.layers.Embedding(rows, args.dim, name="t")(ids))
+    model = keras.Model(ids, keras.layers.Dense(1, name="y")(vec))
+    layer = model.get_layer("t")
+    layer.embeddings.assign(np.random.default_rng(0).normal(size=(rows, args.dim)).astype(np.float32))
+    decl = Declaration.model_validate(
+        {"model_name": "bench", "sparse": [{"name": "f", "input": "t_ids_in", "table": "t", "pooled": "t_vec"}]}
+    )
+    with tempfile.TemporaryDirectory(prefix="export-bench-") as tmp:
+        t0 = time.perf_counter()
+        result = export_model(model, decl, tmp, num_shards=args.shards)
+        seconds = time.perf_counter() - t0
+        size = sum(p.stat().st_size for p in Path(result.model_dir).rglob("*") if p.is_file())
+        shard_dirs = [str(result.model_dir / f"ps_{i}" / "1") for i in range(args.shards)]
+        out = subprocess.run(
+            [sys.executable, "-c", _CHILD, *shard_dirs], capture_output=True, text=True, timeout=600, check=True
+        )
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    assert child["rows"] == rows, child
+    per_m = 1_000_000 / rows
+    rss_mb = (child["after"] - child["before"]) / 1e6 * per_m
+    raw_mb = (8 + 4 * args.dim) * 1_000_000 / 1e6
+    raw_vec_mb = 4 * args.dim * 1_000_000 / 1e6
+    cmd = f"python -m benchmarks.export_bench --rows {rows} --dim {args.dim} --shards {args.shards}"
+    print(f"command: {cmd}")
+    print(f"cpus: {os.cpu_count()}  rows: {rows}  dim: {args.dim}  shards: {args.shards}")
+    print(f"export time: {seconds:.1f} s total, {seconds * per_m:.1f} s per million rows; artifact {size / 1e6:.0f} MB")
+    print(
+        f"PS resident memory (TF1 loader, all shards): {rss_mb:.0f} MB per million rows; raw numpy "
+        f"{raw_vec_mb:.0f} MB vectors ({raw_mb:.0f} MB with int64 keys); ratio {rss_mb / raw_vec_mb:.2f}x "
+        f"vectors ({rss_mb / raw_mb:.2f}x with keys)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
