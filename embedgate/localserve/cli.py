@@ -33,33 +33,78 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--port", type=int, default=8500, help="gRPC port (default 8500)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--model_config_file", "--model-config-file", type=Path, default=None,
-                   help="TF Serving model config (text ModelServerConfig with model_config_list)")
-    p.add_argument("--model_name", "--model-name", default="default",
-                   help="served name when using --model_base_path (default 'default')")
-    p.add_argument("--model_base_path", "--model-base-path", type=Path, default=None,
-                   help="directory of numeric version dirs (single-model form)")
-    p.add_argument("--file_system_poll_wait_seconds", "--file-system-poll-wait-seconds", type=float, default=1.0,
-                   help="seconds between scans for new/removed versions; <= 0 = scan once (default 1)")
-    p.add_argument("--model_config_file_poll_wait_seconds", "--model-config-file-poll-wait-seconds", type=float,
-                   default=0.0, help="seconds between re-reads of --model_config_file; 0 = read once (default)")
-    p.add_argument("--grpc_max_threads", "--grpc-max-threads", type=int, default=0,
-                   help="gRPC worker threads (default 4 x CPUs, at least 8)")
-    p.add_argument("--enable_serialization_as_tensor_content", "--enable-serialization-as-tensor-content",
-                   type=_bool, nargs="?", const=True, default=False,
-                   help="encode Predict outputs in tensor_content instead of typed *_val fields")
-    p.add_argument("--rest_api_port", "--rest-api-port", type=int, default=0,
-                   help="accepted for command-line compatibility; must be 0 (no REST API here: use the gateway)")
+    p.add_argument(
+        "--model_config_file",
+        "--model-config-file",
+        type=Path,
+        default=None,
+        help="TF Serving model config (text ModelServerConfig with model_config_list)",
+    )
+    p.add_argument(
+        "--model_name",
+        "--model-name",
+        default="default",
+        help="served name when using --model_base_path (default 'default')",
+    )
+    p.add_argument(
+        "--model_base_path",
+        "--model-base-path",
+        type=Path,
+        default=None,
+        help="directory of numeric version dirs (single-model form)",
+    )
+    p.add_argument(
+        "--file_system_poll_wait_seconds",
+        "--file-system-poll-wait-seconds",
+        type=float,
+        default=1.0,
+        help="seconds between scans for new/removed versions; <= 0 = scan once (default 1)",
+    )
+    p.add_argument(
+        "--model_config_file_poll_wait_seconds",
+        "--model-config-file-poll-wait-seconds",
+        type=float,
+        default=0.0,
+        help="seconds between re-reads of --model_config_file; 0 = read once (default)",
+    )
+    p.add_argument(
+        "--grpc_max_threads",
+        "--grpc-max-threads",
+        type=int,
+        default=0,
+        help="gRPC worker threads (default 4 x CPUs, at least 8)",
+    )
+    p.add_argument(
+        "--enable_serialization_as_tensor_content",
+        "--enable-serialization-as-tensor-content",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="encode Predict outputs in tensor_content instead of typed *_val fields",
+    )
+    p.add_argument(
+        "--rest_api_port",
+        "--rest-api-port",
+        type=int,
+        default=0,
+        help="accepted for command-line compatibility; must be 0 (no REST API here: use the gateway)",
+    )
     p.add_argument("--log_level", "--log-level", default="INFO", help="Python log level (default INFO)")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if args.rest_api_port:
-        print("serve-local: --rest_api_port must be 0: serve-local has no REST API (the gateway provides it)",
-              file=sys.stderr)
+        print(
+            "serve-local: --rest_api_port must be 0: serve-local has no REST API (the gateway provides it)",
+            file=sys.stderr,
+        )
         return 2
     if args.model_config_file is not None and args.model_base_path is not None:
         print("serve-local: give either --model_config_file or --model_base_path, not both", file=sys.stderr)

@@ -133,8 +133,11 @@ class Manager:
         on_disk = {} if model.removed else scan_versions(entry.base_path)
         aspired = aspired_versions(on_disk, entry.policy)
         if not model.removed and not aspired and not model.warned_empty:
-            _log.warning("No versions of servable %s found under base path %s (version dirs need saved_model.pb)",
-                         name, entry.base_path)
+            _log.warning(
+                "No versions of servable %s found under base path %s (version dirs need saved_model.pb)",
+                name,
+                entry.base_path,
+            )
         model.warned_empty = not aspired
         for version in sorted(aspired - set(model.available)):
             path = on_disk[version]
@@ -159,7 +162,9 @@ class Manager:
         try:
             servable = self._loader(name, version, path)
         except Exception as exc:  # noqa: BLE001 - any load failure is reported through GetModelStatus
-            message = f"Failed to load servable version {{name: {name} version: {version}}} from {path}: {exc}"
+            message = (
+                f"Failed to load servable version {{name: {name} version: {version}}} from {path}: {exc}"
+            )
             _log.error("%s", message)
             with self._lock:
                 model.failed[version] = stamp
@@ -175,8 +180,12 @@ class Manager:
         slot = model.available.pop(version)
         slot.retired = True
         model.status[version] = VersionStatus(version, VersionState.UNLOADING)
-        _log.info("Unloading servable version {name: %s version: %d} (%d request(s) still pin it)",
-                  name, version, slot.pins)
+        _log.info(
+            "Unloading servable version {name: %s version: %d} (%d request(s) still pin it)",
+            name,
+            version,
+            slot.pins,
+        )
         return version, (slot.servable if slot.pins == 0 else None)
 
     def _close(self, name: str, model: _Model, version: int, servable: Loadable) -> None:
@@ -184,8 +193,10 @@ class Manager:
             servable.close()
         finally:
             with self._lock:
-                if model.status.get(version, VersionStatus(version, VersionState.END)).state \
-                        is VersionState.UNLOADING:
+                if (
+                    model.status.get(version, VersionStatus(version, VersionState.END)).state
+                    is VersionState.UNLOADING
+                ):
                     model.status[version] = VersionStatus(version, VersionState.END)
             _log.info("Done unloading servable version {name: %s version: %d}", name, version)
 

@@ -16,8 +16,15 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from embedgate.localserve.errors import ConfigError
 
-__all__ = ["ModelEntry", "PolicyKind", "VersionPolicy", "entries_from_proto", "load_config_file", "parse_config_text",
-           "single_model"]
+__all__ = [
+    "ModelEntry",
+    "PolicyKind",
+    "VersionPolicy",
+    "entries_from_proto",
+    "load_config_file",
+    "parse_config_text",
+    "single_model",
+]
 
 
 class PolicyKind(StrEnum):
@@ -92,10 +99,18 @@ def entries_from_proto(config: model_server_config_pb2.ModelServerConfig) -> lis
         if not mc.base_path:
             raise ConfigError(f"{where} ({mc.name}): base_path is empty")
         if mc.model_platform not in ("", "tensorflow"):
-            raise ConfigError(f"{where} ({mc.name}): model_platform {mc.model_platform!r} is not supported "
-                              "(only 'tensorflow')")
-        entries.append(ModelEntry(name=mc.name, base_path=Path(mc.base_path), policy=_policy(mc, where),
-                                  labels=dict(mc.version_labels)))
+            raise ConfigError(
+                f"{where} ({mc.name}): model_platform {mc.model_platform!r} is not supported "
+                "(only 'tensorflow')"
+            )
+        entries.append(
+            ModelEntry(
+                name=mc.name,
+                base_path=Path(mc.base_path),
+                policy=_policy(mc, where),
+                labels=dict(mc.version_labels),
+            )
+        )
     if not entries:
         raise ConfigError("model_config_list has no models")
     return entries

@@ -68,8 +68,9 @@ class _ServableError(ServingError):
 class Servable:
     """A loaded version of one model. Build with :meth:`load`; thread-safe; :meth:`close` once, when unused."""
 
-    def __init__(self, name: str, version: int, path: Path, session: Any,
-                 meta_graph: meta_graph_pb2.MetaGraphDef) -> None:
+    def __init__(
+        self, name: str, version: int, path: Path, session: Any, meta_graph: meta_graph_pb2.MetaGraphDef
+    ) -> None:
         self.name = name
         self.version = version
         self.path = path
@@ -82,7 +83,9 @@ class Servable:
     def load(cls, name: str, version: int, path: Path) -> Servable:
         """Restore the ``serve`` MetaGraph of ``path`` into a new graph and session (runs its init ops)."""
         graph = tf.Graph()
-        session = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(allow_soft_placement=True))
+        session = tf.compat.v1.Session(
+            graph=graph, config=tf.compat.v1.ConfigProto(allow_soft_placement=True)
+        )
         try:
             with graph.as_default():
                 meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(path))
@@ -112,12 +115,15 @@ class Servable:
         return key, sig
 
     # -- predict ------------------------------------------------------------------------------------------------
-    def predict(self, request: predict_pb2.PredictRequest, *, as_content: bool = False) -> predict_pb2.PredictResponse:
+    def predict(
+        self, request: predict_pb2.PredictRequest, *, as_content: bool = False
+    ) -> predict_pb2.PredictResponse:
         key, sig = self.signature(request.model_spec.signature_name)
         if sig.method_name not in (PREDICT_METHOD, CLASSIFY_METHOD, REGRESS_METHOD):
             raise InternalError(
                 f"Expected prediction signature method_name to be one of {{{PREDICT_METHOD}, {CLASSIFY_METHOD}, "
-                f"{REGRESS_METHOD}}}. Was: {sig.method_name}")
+                f"{REGRESS_METHOD}}}. Was: {sig.method_name}"
+            )
         _check_input_names(sig, request.inputs.keys())
         feeds = {}
         for alias in sorted(request.inputs):
@@ -129,37 +135,53 @@ class Servable:
         response = predict_pb2.PredictResponse()
         _fill_spec(response.model_spec, self.name, self.version, key)
         for alias, info, value in zip(aliases, infos, values, strict=True):
-            response.outputs[alias].CopyFrom(encode_tensor(value, _output_dtype(info, value), as_content=as_content))
+            response.outputs[alias].CopyFrom(
+                encode_tensor(value, _output_dtype(info, value), as_content=as_content)
+            )
         return response
 
     # -- classify / regress -------------------------------------------------------------------------------------
-    def classify(self, request: classification_pb2.ClassificationRequest) -> classification_pb2.ClassificationResponse:
+    def classify(
+        self, request: classification_pb2.ClassificationRequest
+    ) -> classification_pb2.ClassificationResponse:
         key, sig = self.signature(request.model_spec.signature_name)
         if sig.method_name != CLASSIFY_METHOD:
-            raise InvalidArgumentError(f"Expected classification signature method_name to be {CLASSIFY_METHOD}. "
-                                       f"Was: {sig.method_name}")
+            raise InvalidArgumentError(
+                f"Expected classification signature method_name to be {CLASSIFY_METHOD}. "
+                f"Was: {sig.method_name}"
+            )
         input_info = _single_input(sig)
         classes_info = sig.outputs.get(_CLASSES)
         scores_info = sig.outputs.get(_SCORES)
         if classes_info is None and scores_info is None:
             raise InvalidArgumentError(
                 f'Expected classification signature outputs to contain at least one of "{_CLASSES}" or '
-                f'"{_SCORES}". Signature was: {sorted(sig.outputs)}')
+                f'"{_SCORES}". Signature was: {sorted(sig.outputs)}'
+            )
         examples = _serialized_examples(request.input)
         fetch_aliases = [a for a, i in ((_CLASSES, classes_info), (_SCORES, scores_info)) if i is not None]
         fetches = [_tensor_name(sig.outputs[a], a) for a in fetch_aliases]
-        values = dict(zip(fetch_aliases, self._run({_tensor_name(input_info, _CLASSIFY_INPUTS): examples}, fetches),
-                          strict=True))
+        values = dict(
+            zip(
+                fetch_aliases,
+                self._run({_tensor_name(input_info, _CLASSIFY_INPUTS): examples}, fetches),
+                strict=True,
+            )
+        )
         n = len(examples)
         classes = values.get(_CLASSES)
         scores = values.get(_SCORES)
         for alias, arr in ((_CLASSES, classes), (_SCORES, scores)):
             if arr is not None and (arr.ndim != 2 or arr.shape[0] != n):
-                raise InvalidArgumentError(f"Expected Tensor shape: [batch_size num_classes] but got "
-                                           f"{list(arr.shape)} for output {alias!r} (batch_size {n})")
+                raise InvalidArgumentError(
+                    f"Expected Tensor shape: [batch_size num_classes] but got "
+                    f"{list(arr.shape)} for output {alias!r} (batch_size {n})"
+                )
         if classes is not None and scores is not None and classes.shape != scores.shape:
-            raise InvalidArgumentError(f"Tensors class and score should match in shape: classes {list(classes.shape)}"
-                                       f" vs scores {list(scores.shape)}")
+            raise InvalidArgumentError(
+                f"Tensors class and score should match in shape: classes {list(classes.shape)}"
+                f" vs scores {list(scores.shape)}"
+            )
         response = classification_pb2.ClassificationResponse()
         _fill_spec(response.model_spec, self.name, self.version, key)
         width = (classes if classes is not None else scores).shape[1]  # type: ignore[union-attr]
@@ -177,19 +199,23 @@ class Servable:
     def regress(self, request: regression_pb2.RegressionRequest) -> regression_pb2.RegressionResponse:
         key, sig = self.signature(request.model_spec.signature_name)
         if sig.method_name != REGRESS_METHOD:
-            raise InvalidArgumentError(f"Expected regression signature method_name to be {REGRESS_METHOD}. "
-                                       f"Was: {sig.method_name}")
+            raise InvalidArgumentError(
+                f"Expected regression signature method_name to be {REGRESS_METHOD}. Was: {sig.method_name}"
+            )
         input_info = _single_input(sig)
         if len(sig.outputs) != 1:
             raise InvalidArgumentError(f"Expected one output Tensor. Signature has {len(sig.outputs)}")
-        (out_alias, out_info), = sig.outputs.items()
+        ((out_alias, out_info),) = sig.outputs.items()
         examples = _serialized_examples(request.input)
-        (values,) = self._run({_tensor_name(input_info, _CLASSIFY_INPUTS): examples},
-                              [_tensor_name(out_info, out_alias)])
+        (values,) = self._run(
+            {_tensor_name(input_info, _CLASSIFY_INPUTS): examples}, [_tensor_name(out_info, out_alias)]
+        )
         n = len(examples)
         if not (values.shape == (n,) or values.shape == (n, 1)):
-            raise InvalidArgumentError("Expected output Tensor shape to be either [batch_size] or [batch_size, 1] "
-                                       f"but got {list(values.shape)} (batch_size {n})")
+            raise InvalidArgumentError(
+                "Expected output Tensor shape to be either [batch_size] or [batch_size, 1] "
+                f"but got {list(values.shape)} (batch_size {n})"
+            )
         response = regression_pb2.RegressionResponse()
         _fill_spec(response.model_spec, self.name, self.version, key)
         for v in values.reshape(-1):
@@ -221,8 +247,10 @@ def _fill_spec(spec: Any, name: str, version: int, signature_name: str) -> None:
 
 def _tensor_name(info: meta_graph_pb2.TensorInfo, alias: str) -> str:
     if info.WhichOneof("encoding") != "name":
-        raise FailedPreconditionError(f"tensor alias {alias!r}: only dense tensors are supported "
-                                      f"(encoding {info.WhichOneof('encoding')})")
+        raise FailedPreconditionError(
+            f"tensor alias {alias!r}: only dense tensors are supported "
+            f"(encoding {info.WhichOneof('encoding')})"
+        )
     return info.name
 
 
@@ -230,37 +258,47 @@ def _check_input_names(sig: meta_graph_pb2.SignatureDef, sent: Any) -> None:
     request_inputs = sorted(sent)
     signature_inputs = sorted(sig.inputs)
     if len(request_inputs) > len(signature_inputs) or (
-            len(request_inputs) < len(signature_inputs) and not sig.defaults):
+        len(request_inputs) < len(signature_inputs) and not sig.defaults
+    ):
         extra = sorted(set(request_inputs) - set(signature_inputs))
         missing = sorted(set(signature_inputs) - set(request_inputs))
         raise InvalidArgumentError(
             f"input size does not match signature: {len(request_inputs)}!={len(signature_inputs)} "
             f"len({{{','.join(request_inputs)}}}) != len({{{','.join(signature_inputs)}}}). "
-            f"Sent extra: {{{','.join(extra)}}}. Missing but required: {{{','.join(missing)}}}.")
+            f"Sent extra: {{{','.join(extra)}}}. Missing but required: {{{','.join(missing)}}}."
+        )
     for alias in request_inputs:
         if alias not in sig.inputs:
-            raise InvalidArgumentError(f"input tensor alias not found in signature: {alias}. Inputs expected to be "
-                                       f"in the set {{{','.join(signature_inputs)}}}.")
+            raise InvalidArgumentError(
+                f"input tensor alias not found in signature: {alias}. Inputs expected to be "
+                f"in the set {{{','.join(signature_inputs)}}}."
+            )
     missing = [a for a in signature_inputs if a not in sent and a not in sig.defaults]
     if missing:
-        raise InvalidArgumentError(f"input size does not match signature: missing inputs without a default: "
-                                   f"{{{','.join(missing)}}}.")
+        raise InvalidArgumentError(
+            f"input size does not match signature: missing inputs without a default: {{{','.join(missing)}}}."
+        )
 
 
-def _decode_input(alias: str, proto: Any, info: meta_graph_pb2.TensorInfo,
-                  sig: meta_graph_pb2.SignatureDef) -> np.ndarray:
+def _decode_input(
+    alias: str, proto: Any, info: meta_graph_pb2.TensorInfo, sig: meta_graph_pb2.SignatureDef
+) -> np.ndarray:
     if proto.dtype != info.dtype:
         index = sorted(sig.inputs).index(alias)
-        raise InvalidArgumentError(f"Expects arg[{index}] to be {dtype_name(info.dtype)} but "
-                                   f"{dtype_name(proto.dtype)} is provided (input {alias!r})")
+        raise InvalidArgumentError(
+            f"Expects arg[{index}] to be {dtype_name(info.dtype)} but "
+            f"{dtype_name(proto.dtype)} is provided (input {alias!r})"
+        )
     try:
         value = decode_tensor(proto)
     except (ValueError, TypeError) as exc:
         raise InvalidArgumentError(f"tensor parsing error: {alias} ({exc})") from exc
     expected = shape_of_proto(info.tensor_shape)
     if not shape_compatible(tuple(value.shape), expected):
-        raise InvalidArgumentError(f"input {alias!r}: shape {list(value.shape)} is not compatible with the "
-                                   f"signature's shape {expected}")
+        raise InvalidArgumentError(
+            f"input {alias!r}: shape {list(value.shape)} is not compatible with the "
+            f"signature's shape {expected}"
+        )
     return value
 
 
@@ -270,8 +308,10 @@ def _output_aliases(sig: meta_graph_pb2.SignatureDef, output_filter: list[str]) 
     seen: set[str] = set()
     for alias in output_filter:
         if alias not in sig.outputs:
-            raise InvalidArgumentError(f"output tensor alias not found in signature: {alias} Outputs expected to be "
-                                       f"in the set {{{','.join(sorted(sig.outputs))}}}.")
+            raise InvalidArgumentError(
+                f"output tensor alias not found in signature: {alias} Outputs expected to be "
+                f"in the set {{{','.join(sorted(sig.outputs))}}}."
+            )
         if alias in seen:
             raise InvalidArgumentError(f"duplicate output tensor alias: {alias}")
         seen.add(alias)

@@ -54,15 +54,20 @@ def run(options: ServerOptions) -> int:
         manager.set_models(load_config_file(options.model_config_file))
         manager.reconcile()
 
-    config_poller = Poller("config-poll", options.model_config_file_poll_wait_seconds
-                           if options.model_config_file else 0, reload_config)
+    config_poller = Poller(
+        "config-poll",
+        options.model_config_file_poll_wait_seconds if options.model_config_file else 0,
+        reload_config,
+    )
 
     threads = options.grpc_max_threads or max(8, 4 * (os.cpu_count() or 1))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
-        options=[("grpc.max_send_message_length", _MAX_MESSAGE),
-                 ("grpc.max_receive_message_length", _MAX_MESSAGE),
-                 ("grpc.so_reuseport", 0)],
+        options=[
+            ("grpc.max_send_message_length", _MAX_MESSAGE),
+            ("grpc.max_receive_message_length", _MAX_MESSAGE),
+            ("grpc.so_reuseport", 0),
+        ],
         maximum_concurrent_rpcs=None,
     )
     add_services(server, manager, tensor_content=options.tensor_content, reload=manager.reconcile)

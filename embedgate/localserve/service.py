@@ -42,20 +42,25 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         self._manager = manager
         self._tensor_content = tensor_content
 
-    def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return _call(context, lambda: self._with_servable(
-            request.model_spec, lambda s: s.predict(request, as_content=self._tensor_content)))
+    def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> Any:
+        return _call(
+            context,
+            lambda: self._with_servable(
+                request.model_spec, lambda s: s.predict(request, as_content=self._tensor_content)
+            ),
+        )
 
-    def Classify(self, request: classification_pb2.ClassificationRequest,  # noqa: N802
-                 context: grpc.ServicerContext) -> Any:
+    def Classify(
+        self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext
+    ) -> Any:
         return _call(context, lambda: self._with_servable(request.model_spec, lambda s: s.classify(request)))
 
-    def Regress(self, request: regression_pb2.RegressionRequest,  # noqa: N802
-                context: grpc.ServicerContext) -> Any:
+    def Regress(self, request: regression_pb2.RegressionRequest, context: grpc.ServicerContext) -> Any:
         return _call(context, lambda: self._with_servable(request.model_spec, lambda s: s.regress(request)))
 
-    def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest,  # noqa: N802
-                         context: grpc.ServicerContext) -> Any:
+    def GetModelMetadata(
+        self, request: get_model_metadata_pb2.GetModelMetadataRequest, context: grpc.ServicerContext
+    ) -> Any:
         def run() -> get_model_metadata_pb2.GetModelMetadataResponse:
             fields = list(request.metadata_field)
             if not fields:
@@ -88,8 +93,9 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         self._manager = manager
         self._reload = reload
 
-    def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest,  # noqa: N802
-                       context: grpc.ServicerContext) -> Any:
+    def GetModelStatus(
+        self, request: get_model_status_pb2.GetModelStatusRequest, context: grpc.ServicerContext
+    ) -> Any:
         def run() -> get_model_status_pb2.GetModelStatusResponse:
             spec = request.model_spec
             if not spec.name:
@@ -106,8 +112,9 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
 
         return _call(context, run)
 
-    def HandleReloadConfigRequest(self, request: model_management_pb2.ReloadConfigRequest,  # noqa: N802
-                                  context: grpc.ServicerContext) -> Any:
+    def HandleReloadConfigRequest(
+        self, request: model_management_pb2.ReloadConfigRequest, context: grpc.ServicerContext
+    ) -> Any:
         def run() -> model_management_pb2.ReloadConfigResponse:
             try:
                 entries = entries_from_proto(request.config)
@@ -120,10 +127,12 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         return _call(context, run)
 
 
-def add_services(server: grpc.Server, manager: Manager, *, tensor_content: bool,
-                 reload: Callable[[], None]) -> None:
+def add_services(
+    server: grpc.Server, manager: Manager, *, tensor_content: bool, reload: Callable[[], None]
+) -> None:
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-        PredictionService(manager, tensor_content=tensor_content), server)
+        PredictionService(manager, tensor_content=tensor_content), server
+    )
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(manager, reload), server)
 
 

@@ -32,9 +32,8 @@ def scan_versions(base_path: Path) -> dict[int, Path]:
         if not child.is_dir() or not any((child / m).is_file() for m in _MARKERS):
             continue
         version = int(name)
-        if version in found:  # "7" and "007": keep the first by name order, like a stable scan
-            if child.name > found[version].name:
-                continue
+        if version in found and child.name > found[version].name:  # "7" and "007": keep the smaller name
+            continue
         found[version] = child
     return found
 

@@ -14,7 +14,13 @@ from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
 __all__ = ["decode_tensor", "dtype_name", "encode_tensor", "shape_compatible", "shape_of_proto"]
 
-_INT_VAL = {types_pb2.DT_INT32, types_pb2.DT_INT16, types_pb2.DT_INT8, types_pb2.DT_UINT8, types_pb2.DT_UINT16}
+_INT_VAL = {
+    types_pb2.DT_INT32,
+    types_pb2.DT_INT16,
+    types_pb2.DT_INT8,
+    types_pb2.DT_UINT8,
+    types_pb2.DT_UINT16,
+}
 
 
 def dtype_name(dtype: int) -> str:
@@ -56,8 +62,11 @@ def encode_tensor(value: np.ndarray, dtype: int, *, as_content: bool = False) ->
         return proto
     if as_content:
         np_dtype = tf.dtypes.as_dtype(dtype).as_numpy_dtype
-        proto.tensor_content = np.ascontiguousarray(flat, dtype=np_dtype).astype(
-            np.dtype(np_dtype).newbyteorder("<"), copy=False).tobytes()
+        proto.tensor_content = (
+            np.ascontiguousarray(flat, dtype=np_dtype)
+            .astype(np.dtype(np_dtype).newbyteorder("<"), copy=False)
+            .tobytes()
+        )
         return proto
     if dtype == types_pb2.DT_FLOAT:
         proto.float_val.extend(flat.astype(np.float32).tolist())

@@ -58,6 +58,7 @@ def server(model_root: Path) -> Iterator[LocalServer]:
 
 @pytest.fixture(scope="session")
 def channel(server: LocalServer) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(server.target, options=[("grpc.max_receive_message_length", -1),
-                                                       ("grpc.max_send_message_length", -1)]) as ch:
+    with grpc.insecure_channel(
+        server.target, options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    ) as ch:
         yield ch

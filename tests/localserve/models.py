@@ -46,8 +46,9 @@ def write_half_plus(base: Path, version: int, *, offset: float | None = None) ->
 
     module = HalfPlus()
     build = _scratch(base)
-    tf.saved_model.save(module, str(build), signatures={"serving_default": module.serve,
-                                                         "times_ten": module.times_ten})
+    tf.saved_model.save(
+        module, str(build), signatures={"serving_default": module.serve, "times_ten": module.times_ten}
+    )
     out = _publish(build, base, version)
     shutil.rmtree(build.parent, ignore_errors=True)
     return out
@@ -63,8 +64,12 @@ def write_stateful(base: Path, version: int) -> Path:
             super().__init__()
             self.table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32, default_value=-1.0)
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="keys"),
-                                      tf.TensorSpec([None], tf.float32, name="values")])
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None], tf.int64, name="keys"),
+                tf.TensorSpec([None], tf.float32, name="values"),
+            ]
+        )
         def insert(self, keys: tf.Tensor, values: tf.Tensor) -> dict[str, tf.Tensor]:
             self.table.insert(keys, values)
             return {"size": self.table.size()}
@@ -105,15 +110,17 @@ def write_classifier(base: Path, version: int) -> Path:
         with v1.Session(graph=graph) as sess:
             builder = v1.saved_model.builder.SavedModelBuilder(str(build))
             builder.add_meta_graph_and_variables(
-                sess, ["serve"],
+                sess,
+                ["serve"],
                 signature_def_map={
                     "serving_default": sdu.classification_signature_def(serialized, classes, scores),
                     "regress": sdu.regression_signature_def(serialized, regression),
                     "predict": sdu.predict_signature_def({"x": raw}, {"s": raw_s}),
-                    "classify_no_method": sdu.build_signature_def({"inputs": info(serialized)},
-                                                                  {"scores": info(scores)},
-                                                                  "tensorflow/serving/predict"),
-                })
+                    "classify_no_method": sdu.build_signature_def(
+                        {"inputs": info(serialized)}, {"scores": info(scores)}, "tensorflow/serving/predict"
+                    ),
+                },
+            )
             builder.save()
     out = _publish(build, base, version)
     shutil.rmtree(build.parent, ignore_errors=True)

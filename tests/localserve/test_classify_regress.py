@@ -61,14 +61,21 @@ def test_errors(stub: prediction_service_pb2_grpc.PredictionServiceStub) -> None
     req.input.example_list.examples.append(_example(1.0))
     req.model_spec.signature_name = "regress"
     code, msg = _error(stub.Classify, req)
-    assert code == inv and msg.startswith("Expected classification signature method_name to be "
-                                          "tensorflow/serving/classify. Was: tensorflow/serving/regress")
+    assert code == inv and msg.startswith(
+        "Expected classification signature method_name to be "
+        "tensorflow/serving/classify. Was: tensorflow/serving/regress"
+    )
     req.model_spec.signature_name = "missing"
-    assert _error(stub.Classify, req) == (grpc.StatusCode.FAILED_PRECONDITION,
-                                          'Serving signature key "missing" not found.')
+    assert _error(stub.Classify, req) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        'Serving signature key "missing" not found.',
+    )
     req.model_spec.signature_name = ""
     req.model_spec.name = "nope"
-    assert _error(stub.Classify, req) == (grpc.StatusCode.NOT_FOUND, "Servable not found for request: Latest(nope)")
+    assert _error(stub.Classify, req) == (
+        grpc.StatusCode.NOT_FOUND,
+        "Servable not found for request: Latest(nope)",
+    )
     reg = regression_pb2.RegressionRequest()
     reg.model_spec.name = "clf"  # serving_default is a classification signature
     reg.input.example_list.examples.append(_example(1.0))

@@ -59,22 +59,32 @@ def _wait_status(target: str, name: str, timeout: float = 20.0) -> dict[int, int
 
 def test_config_reread_reload_rpc_and_tensor_content(model_root: Path, tmp_path: Path) -> None:
     config = tmp_path / "models.config"
-    config.write_text(f'model_config_list {{ config {{ name: "a" base_path: "{model_root}/half" }} }}',
-                      encoding="utf-8")
-    with serve_local(config, extra_args=["--enable_serialization_as_tensor_content=true",
-                                         "--model_config_file_poll_wait_seconds=0.3"]) as server:
+    config.write_text(
+        f'model_config_list {{ config {{ name: "a" base_path: "{model_root}/half" }} }}', encoding="utf-8"
+    )
+    with serve_local(
+        config,
+        extra_args=[
+            "--enable_serialization_as_tensor_content=true",
+            "--model_config_file_poll_wait_seconds=0.3",
+        ],
+    ) as server:
         resp = _predict(server.target, "a", [2.0])
         y = resp.outputs["y"]
         assert not y.float_val and len(y.tensor_content) == 4  # tensor_content, as TF Serving with the flag
         assert tf.make_ndarray(y).tolist() == [3.0]
         # the config file is re-read: a second model appears, the first stays
-        config.write_text(f'model_config_list {{ config {{ name: "a" base_path: "{model_root}/half" }}\n'
-                          f'config {{ name: "b" base_path: "{model_root}/clf" }} }}', encoding="utf-8")
+        config.write_text(
+            f'model_config_list {{ config {{ name: "a" base_path: "{model_root}/half" }}\n'
+            f'config {{ name: "b" base_path: "{model_root}/clf" }} }}',
+            encoding="utf-8",
+        )
         assert _wait_status(server.target, "b") == {1: AVAILABLE}
         # HandleReloadConfigRequest replaces the config: "a" goes away
         reload = model_management_pb2.ReloadConfigRequest()
-        text_format.Parse(f'model_config_list {{ config {{ name: "c" base_path: "{model_root}/half" }} }}',
-                          reload.config)
+        text_format.Parse(
+            f'model_config_list {{ config {{ name: "c" base_path: "{model_root}/half" }} }}', reload.config
+        )
         with grpc.insecure_channel(server.target) as ch:
             model_service_pb2_grpc.ModelServiceStub(ch).HandleReloadConfigRequest(reload, 30)
         assert _predict(server.target, "c", [0.0]).model_spec.version.value == 2
@@ -88,9 +98,23 @@ def test_single_model_flags_and_sigterm(model_root: Path, tmp_path: Path) -> Non
     log = tmp_path / "log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "embedgate", "serve-local", "--port", str(port), "--model_name", "half",
-             "--model-base-path", str(model_root / "half"), "--file_system_poll_wait_seconds=0"],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "embedgate",
+                "serve-local",
+                "--port",
+                str(port),
+                "--model_name",
+                "half",
+                "--model-base-path",
+                str(model_root / "half"),
+                "--file_system_poll_wait_seconds=0",
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         target = f"127.0.0.1:{port}"
         assert _wait_status(target, "half") == {2: AVAILABLE}  # latest only
@@ -113,8 +137,13 @@ def test_single_model_flags_and_sigterm(model_root: Path, tmp_path: Path) -> Non
 )
 def test_bad_flags_exit_2(tmp_path: Path, args: list[str], needle: str) -> None:
     (tmp_path / "bad.config").write_text("model_config_list { config { nme: 'x' } }", encoding="utf-8")
-    result = subprocess.run([sys.executable, "-m", "embedgate", "serve-local",
-                             *[a.format(tmp=tmp_path) for a in args]],
-                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "embedgate", "serve-local", *[a.format(tmp=tmp_path) for a in args]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2
     assert needle in result.stderr

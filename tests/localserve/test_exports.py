@@ -6,8 +6,18 @@ import importlib
 
 import pytest
 
-MODULES = ["cli", "errors", "manager", "model_config", "policy", "servable", "server", "service", "source",
-           "tensors"]
+MODULES = [
+    "cli",
+    "errors",
+    "manager",
+    "model_config",
+    "policy",
+    "servable",
+    "server",
+    "service",
+    "source",
+    "tensors",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -21,7 +31,9 @@ def test_cli_module_is_import_light() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, embedgate.localserve.cli; "
-            "print(any(m.startswith(('tensorflow', 'grpc')) for m in sys.modules))")
+    code = (
+        "import sys, embedgate.localserve.cli; "
+        "print(any(m.startswith(('tensorflow', 'grpc')) for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

@@ -109,7 +109,9 @@ def test_failed_load_keeps_old_version_and_is_not_retried(setup: tuple[Manager, 
 
 def test_specific_version_and_labels(setup: tuple[Manager, FakeLoader, Path]) -> None:
     manager, _, base = setup
-    manager.set_models([ModelEntry("m", base, VersionPolicy(PolicyKind.ALL), labels={"stable": 1, "next": 3})])
+    manager.set_models(
+        [ModelEntry("m", base, VersionPolicy(PolicyKind.ALL), labels={"stable": 1, "next": 3})]
+    )
     _version(base, 2)
     manager.reconcile()
     assert _served(manager) == 2
@@ -125,7 +127,10 @@ def test_specific_version_and_labels(setup: tuple[Manager, FakeLoader, Path]) ->
 
 def test_unknown_model(setup: tuple[Manager, FakeLoader, Path]) -> None:
     manager, _, _ = setup
-    with pytest.raises(NotFoundError, match=r"^Servable not found for request: Latest\(x\)$"), manager.handle("x"):
+    with (
+        pytest.raises(NotFoundError, match=r"^Servable not found for request: Latest\(x\)$"),
+        manager.handle("x"),
+    ):
         pass
     with pytest.raises(NotFoundError, match="^Could not find any versions of model x$"):
         manager.status("x")

@@ -50,13 +50,17 @@ def test_single_model_form() -> None:
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ("model_config_list { config { name: 'a' base_path: '/x' } config { name: 'a' base_path: '/y' } }",
-         "configured twice"),
+        (
+            "model_config_list { config { name: 'a' base_path: '/x' } config { name: 'a' base_path: '/y' } }",
+            "configured twice",
+        ),
         ("model_config_list { config { base_path: '/x' } }", "name is empty"),
         ("model_config_list { config { name: 'a' } }", "base_path is empty"),
         ("model_config_list { config { name: 'a' base_path: '/x' model_platform: 'onnx' } }", "onnx"),
-        ("model_config_list { config { name: 'a' base_path: '/x' model_version_policy { specific {} } } }",
-         "lists no versions"),
+        (
+            "model_config_list { config { name: 'a' base_path: '/x' model_version_policy { specific {} } } }",
+            "lists no versions",
+        ),
         ("model_config_list {}", "no models"),
         ("model_config_list { config { nme: 'a' } }", "not a valid ModelServerConfig"),
     ],

@@ -21,8 +21,15 @@ def stub(channel: grpc.Channel) -> prediction_service_pb2_grpc.PredictionService
     return prediction_service_pb2_grpc.PredictionServiceStub(channel)
 
 
-def _request(model: str, inputs: dict[str, np.ndarray], *, signature: str = "", version: int | None = None,
-             label: str = "", output_filter: tuple[str, ...] = ()) -> predict_pb2.PredictRequest:
+def _request(
+    model: str,
+    inputs: dict[str, np.ndarray],
+    *,
+    signature: str = "",
+    version: int | None = None,
+    label: str = "",
+    output_filter: tuple[str, ...] = (),
+) -> predict_pb2.PredictRequest:
     req = predict_pb2.PredictRequest()
     req.model_spec.name = model
     req.model_spec.signature_name = signature
@@ -73,7 +80,9 @@ def test_specific_version_label_and_policy(stub: prediction_service_pb2_grpc.Pre
 
 
 def test_other_signature_and_output_filter(stub: prediction_service_pb2_grpc.PredictionServiceStub) -> None:
-    resp = stub.Predict(_request("half", {"x": np.array([[1.0], [2.0]], np.float32)}, signature="times_ten"), 10)
+    resp = stub.Predict(
+        _request("half", {"x": np.array([[1.0], [2.0]], np.float32)}, signature="times_ten"), 10
+    )
     assert resp.model_spec.signature_name == "times_ten"
     assert tf.make_ndarray(resp.outputs["z"]).tolist() == [[10.0], [20.0]]
     only_y = stub.Predict(_request("half", _x(1), output_filter=("y",)), 10)
@@ -87,16 +96,23 @@ def test_large_messages(stub: prediction_service_pb2_grpc.PredictionServiceStub)
 
 
 def test_state_persists_across_requests(stub: prediction_service_pb2_grpc.PredictionServiceStub) -> None:
-    ins = stub.Predict(_request("store", {"keys": np.array([7, 8], np.int64),
-                                          "values": np.array([0.5, 1.5], np.float32)}, signature="insert"), 10)
+    ins = stub.Predict(
+        _request(
+            "store",
+            {"keys": np.array([7, 8], np.int64), "values": np.array([0.5, 1.5], np.float32)},
+            signature="insert",
+        ),
+        10,
+    )
     assert ins.outputs["size"].dtype == types_pb2.DT_INT64
     assert tf.make_ndarray(ins.outputs["size"]) >= 2
     out = stub.Predict(_request("store", {"keys": np.array([8, 7, 12345], np.int64)}, signature="lookup"), 10)
     assert list(out.outputs["values"].float_val) == [1.5, 0.5, -1.0]
 
 
-def _code(stub: prediction_service_pb2_grpc.PredictionServiceStub, req: predict_pb2.PredictRequest
-          ) -> tuple[grpc.StatusCode, str]:
+def _code(
+    stub: prediction_service_pb2_grpc.PredictionServiceStub, req: predict_pb2.PredictRequest
+) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(req, 10)
     err = info.value
@@ -104,16 +120,32 @@ def _code(stub: prediction_service_pb2_grpc.PredictionServiceStub, req: predict_
 
 
 def test_predict_errors(stub: prediction_service_pb2_grpc.PredictionServiceStub) -> None:
-    nf, inv, fp = grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION
+    nf, inv, fp = (
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
     assert _code(stub, _request("nope", _x(1))) == (nf, "Servable not found for request: Latest(nope)")
-    assert _code(stub, _request("half", _x(1), version=9)) == (nf, "Servable not found for request: Specific(half, 9)")
+    assert _code(stub, _request("half", _x(1), version=9)) == (
+        nf,
+        "Servable not found for request: Specific(half, 9)",
+    )
     assert _code(stub, _request("half_pinned", _x(1), version=2)) == (
-        nf, "Servable not found for request: Specific(half_pinned, 2)")
-    assert _code(stub, _request("half", _x(1), label="beta")) == (inv, "Unrecognized servable version label: beta")
-    assert _code(stub, _request("half", _x(1), signature="nope")) == (fp, 'Serving signature key "nope" not found.')
+        nf,
+        "Servable not found for request: Specific(half_pinned, 2)",
+    )
+    assert _code(stub, _request("half", _x(1), label="beta")) == (
+        inv,
+        "Unrecognized servable version label: beta",
+    )
+    assert _code(stub, _request("half", _x(1), signature="nope")) == (
+        fp,
+        'Serving signature key "nope" not found.',
+    )
     assert _code(stub, _request("half", {})) == (
-        inv, "input size does not match signature: 0!=1 len({}) != len({x}). Sent extra: {}. "
-             "Missing but required: {x}.")
+        inv,
+        "input size does not match signature: 0!=1 len({}) != len({x}). Sent extra: {}. Missing but required: {x}.",
+    )
     code, msg = _code(stub, _request("half", {"x": np.ones(1, np.float32), "w": np.ones(1, np.float32)}))
     assert code == inv and "Sent extra: {w}" in msg
     code, msg = _code(stub, _request("half", {"w": np.ones(1, np.float32)}))
@@ -123,8 +155,15 @@ def test_predict_errors(stub: prediction_service_pb2_grpc.PredictionServiceStub)
     code, msg = _code(stub, _request("half", {"x": np.ones(2, np.float32)}, signature="times_ten"))
     assert code == inv and "shape [2]" in msg
     code, msg = _code(stub, _request("half", _x(1), output_filter=("nope",)))
-    assert code == inv and msg == "output tensor alias not found in signature: nope Outputs expected to be in the set {x2,y}."
-    assert _code(stub, _request("half", _x(1), output_filter=("y", "y"))) == (inv, "duplicate output tensor alias: y")
+    assert (
+        code == inv
+        and msg
+        == "output tensor alias not found in signature: nope Outputs expected to be in the set {x2,y}."
+    )
+    assert _code(stub, _request("half", _x(1), output_filter=("y", "y"))) == (
+        inv,
+        "duplicate output tensor alias: y",
+    )
     bad = _request("half", {})
     bad.inputs["x"].dtype = types_pb2.DT_FLOAT
     bad.inputs["x"].tensor_shape.dim.add(size=2)

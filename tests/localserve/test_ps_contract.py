@@ -37,8 +37,10 @@ def ps_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]
     from embedgate.export.ps import write_ps_shard
 
     base = tmp_path_factory.mktemp("ps-model") / "ps_0"
-    rows = {"a": (np.array([1, 2], np.int64), np.arange(6, dtype=np.float32).reshape(2, 3)),
-            "b": (np.array([7], np.int64), np.array([[0.5, 0.25]], np.float32))}
+    rows = {
+        "a": (np.array([1, 2], np.int64), np.arange(6, dtype=np.float32).reshape(2, 3)),
+        "b": (np.array([7], np.int64), np.array([[0.5, 0.25]], np.float32)),
+    }
     write_ps_shard(base / "1", SPECS, rows)
     with serve_local({"m_ps_0": base}) as server:
         yield server
@@ -85,8 +87,10 @@ def test_ps_metadata_lists_the_contract(ps_server: LocalServer) -> None:
     assert names == {"lookup", "row_count", "upsert_a", "upsert_b", "delete_a", "delete_b"}
 
 
-@pytest.mark.skipif(importlib.util.find_spec("embedgate.export.demo") is None,
-                    reason="embedgate.export.demo (build_demo) not written yet")
+@pytest.mark.skipif(
+    importlib.util.find_spec("embedgate.export.demo") is None,
+    reason="embedgate.export.demo (build_demo) not written yet",
+)
 def test_demo_ps_through_serve_local(demo_backends: Any, demo_artifacts: Any) -> None:
     manifest = demo_artifacts.manifest
     target = demo_backends.target

@@ -8,8 +8,14 @@ from embedgate.localserve.source import scan_versions
 
 
 def test_scan_versions(tmp_path: Path) -> None:
-    for name, marker in [("1", "saved_model.pb"), ("0002", "saved_model.pbtxt"), ("3", None), ("tmp", "saved_model.pb"),
-                         (".build-7", "saved_model.pb"), ("-4", "saved_model.pb")]:
+    for name, marker in [
+        ("1", "saved_model.pb"),
+        ("0002", "saved_model.pbtxt"),
+        ("3", None),
+        ("tmp", "saved_model.pb"),
+        (".build-7", "saved_model.pb"),
+        ("-4", "saved_model.pb"),
+    ]:
         d = tmp_path / name
         d.mkdir()
         if marker:

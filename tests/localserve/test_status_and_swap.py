@@ -6,6 +6,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import grpc
 import numpy as np
@@ -71,7 +72,7 @@ class _Traffic:
         self.last_version = 0
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
 
-    def __enter__(self) -> _Traffic:
+    def __enter__(self) -> Self:
         for t in self._threads:
             t.start()
         return self
@@ -108,8 +109,10 @@ class _Traffic:
                     break
             time.sleep(0.05)
         with self._lock:
-            assert self.last_version == version, (f"version {version} not served within {timeout} s; "
-                                                  f"seen {self.seen}, failures {self.failures[:3]}")
+            assert self.last_version == version, (
+                f"version {version} not served within {timeout} s; "
+                f"seen {self.seen}, failures {self.failures[:3]}"
+            )
 
 
 def test_hot_swap_under_traffic(channel: grpc.Channel, model_root: Path) -> None:

@@ -61,8 +61,10 @@ def _python() -> str:
 def _config_text(models: dict[str, Path]) -> str:
     parts = []
     for name, base in models.items():
-        parts.append(f'  config {{\n    name: "{name}"\n    base_path: "{Path(base).resolve()}"\n'
-                     f'    model_platform: "tensorflow"\n  }}\n')
+        parts.append(
+            f'  config {{\n    name: "{name}"\n    base_path: "{Path(base).resolve()}"\n'
+            f'    model_platform: "tensorflow"\n  }}\n'
+        )
     return "model_config_list {\n" + "".join(parts) + "}\n"
 
 
@@ -76,8 +78,13 @@ def _model_names(config: Path) -> tuple[str, ...]:
 
 
 @contextmanager
-def serve_local(models: dict[str, Path] | Path, *, poll_seconds: float = 0.5, port: int | None = None,
-                extra_args: Sequence[str] = ()) -> Iterator[LocalServer]:
+def serve_local(
+    models: dict[str, Path] | Path,
+    *,
+    poll_seconds: float = 0.5,
+    port: int | None = None,
+    extra_args: Sequence[str] = (),
+) -> Iterator[LocalServer]:
     """Run serve-local on ``models`` (served name -> base path, or a model config file) until the block ends."""
     with tempfile.TemporaryDirectory(prefix="serve-local-") as tmp:
         workdir = Path(tmp)
@@ -90,10 +97,20 @@ def serve_local(models: dict[str, Path] | Path, *, poll_seconds: float = 0.5, po
             names = _model_names(config)
         port = port or free_port()
         log_path = workdir / "serve-local.log"
-        cmd = [_python(), "-m", "embedgate", "serve-local", f"--port={port}", "--host=127.0.0.1",
-               f"--model_config_file={config}", f"--file_system_poll_wait_seconds={poll_seconds}", *extra_args]
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
-                   PYTHONUNBUFFERED="1")
+        cmd = [
+            _python(),
+            "-m",
+            "embedgate",
+            "serve-local",
+            f"--port={port}",
+            "--host=127.0.0.1",
+            f"--model_config_file={config}",
+            f"--file_system_poll_wait_seconds={poll_seconds}",
+            *extra_args,
+        ]
+        env = dict(
+            os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), PYTHONUNBUFFERED="1"
+        )
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, cwd=_REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
         server = LocalServer(port=port, proc=proc, log_path=log_path, models=names)
@@ -119,11 +136,15 @@ def _wait_available(server: LocalServer) -> None:
         )
         while pending:
             if server.proc.poll() is not None:
-                raise ServerStartError(f"serve-local exited with code {server.proc.returncode} before models "
-                                       f"{pending} were AVAILABLE; log tail:\n{server.log_tail()}")
+                raise ServerStartError(
+                    f"serve-local exited with code {server.proc.returncode} before models "
+                    f"{pending} were AVAILABLE; log tail:\n{server.log_tail()}"
+                )
             if time.monotonic() > deadline:
-                raise ServerStartError(f"serve-local: models {pending} not AVAILABLE after {_START_TIMEOUT:.0f} s; "
-                                       f"log tail:\n{server.log_tail()}")
+                raise ServerStartError(
+                    f"serve-local: models {pending} not AVAILABLE after {_START_TIMEOUT:.0f} s; "
+                    f"log tail:\n{server.log_tail()}"
+                )
             name = pending[0]
             request = tfs_pb2.GetModelStatusRequest()
             request.model_spec.name = name
