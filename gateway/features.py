@@ -52,6 +52,8 @@ PREDICT_METHOD: Final = "tensorflow/serving/predict"
 
 _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
+_INT_ONLY: Final = {int}
+_NUMBER_TYPES: Final = {int, float}
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,7 +196,11 @@ def _roles(manifest: Manifest) -> dict[str, _Role]:
 
 
 class _Builder:
-    """Collects validated per-example values for one batch and assembles the arrays once at the end."""
+    """Collects validated per-example values for one batch and assembles the arrays once at the end.
+
+    JSON numbers are type-checked per example but converted to float32 once per feature in :meth:`finish`
+    (numpy calls on tiny per-example lists would dominate the cost).
+    """
 
     def __init__(self, manifest: Manifest, size: int) -> None:
         self.manifest = manifest
@@ -208,13 +214,19 @@ class _Builder:
             d.name: np.empty((size, d.dim), dtype=np.float32) for d in manifest.dense_features
         }
         self.dense_seen: dict[str, np.ndarray] = {d.name: np.zeros(size, dtype=bool) for d in manifest.dense_features}
+        # JSON dense rows (example index, Python numbers), converted in finish()
+        self.dense_json: dict[str, tuple[list[int], list[list[Any]]]] = {
+            d.name: ([], []) for d in manifest.dense_features
+        }
 
     # -- JSON ----------------------------------------------------------------------------------------------------
     def add_json(self, i: int, item: dict[str, Any]) -> None:
         for name, value in item.items():
             role = self.roles.get(name)
             if role is None:
-                raise InvalidArgument(f"feature {name!r} at example {i}: unknown feature; {_expected_names(self.manifest)}")
+                raise InvalidArgument(
+                    f"feature {name!r} at example {i}: unknown feature; {_expected_names(self.manifest)}"
+                )
             self._json_value(role, name, i, value)
         for name, (kind, _spec) in self.roles.items():
             if kind != "weights" and name not in item:
@@ -232,7 +244,9 @@ class _Builder:
         elif kind == "weights":
             self.weights[spec.name][i] = _json_weights(value, spec, i)
         else:
-            self.dense[name][i] = _json_dense(value, spec, i)
+            rows = self.dense_json[name]
+            rows[0].append(i)
+            rows[1].append(_json_dense(value, spec, i))
             self.dense_seen[name][i] = True
 
     # -- tf.Example ----------------------------------------------------------------------------------------------
@@ -251,15 +265,16 @@ class _Builder:
             if feature is None:
                 if kind != "weights":
                     raise InvalidArgument(
-                        f"feature {name!r} at example {i}: missing from the tf.Example; {_expected_names(self.manifest)}"
+                        f"feature {name!r} at example {i}: missing from the tf.Example; "
+                        f"{_expected_names(self.manifest)}"
                     )
                 continue
             if kind == "ids":
                 self.ids[spec.name][i] = _example_ids(feature, spec, name, i)
             elif kind == "weights":
-                self.weights[spec.name][i] = _example_floats(feature, name, i, finite=True)
+                self.weights[spec.name][i] = _example_floats(feature, name, i)
             else:
-                values = _example_floats(feature, name, i, finite=False)
+                values = _example_floats(feature, name, i)
                 if len(values) != spec.dim:
                     raise InvalidArgument(
                         f"feature {name!r} at example {i}: expected {spec.dim} values, got {len(values)}"
@@ -273,40 +288,71 @@ class _Builder:
         for f in self.manifest.sparse_features:
             per_example = self.ids[f.name]
             for i, ids in enumerate(per_example):
-                if ids is None:  # only reachable via columnar/Example paths that skipped it; keep the guard
+                if ids is None:  # every path checks presence first; a guard, not an expected error
                     raise InvalidArgument(f"feature {f.name!r} at example {i}: missing")
-            lengths = np.fromiter((len(x) for x in per_example), dtype=np.int64, count=self.size)  # type: ignore[arg-type]
+            lengths = np.fromiter(map(len, per_example), dtype=np.int64, count=self.size)  # type: ignore[arg-type]
             row_splits = np.zeros(self.size + 1, dtype=np.int64)
             np.cumsum(lengths, out=row_splits[1:])
             nnz = int(row_splits[-1])
-            ids = np.fromiter(itertools.chain.from_iterable(per_example), dtype=np.int64, count=nnz)  # type: ignore[arg-type]
-            weights = None
-            if f.weights:
-                weights = self._weights(f, per_example, lengths, nnz)
+            flat = itertools.chain.from_iterable(per_example)  # type: ignore[arg-type]
+            ids = np.fromiter(flat, dtype=np.int64, count=nnz)
+            weights = self._weights(f, lengths, row_splits) if f.weights else None
             sparse[f.name] = SparseInput(ids=ids, row_splits=row_splits, weights=weights)
+        for name, (index, rows) in self.dense_json.items():
+            if rows:
+                self.dense[name][index] = _to_float32(rows, name, index)
         for name, seen in self.dense_seen.items():
             if not seen.all():
                 raise InvalidArgument(f"feature {name!r} at example {int(np.argmin(seen))}: missing")
         return FeatureBatch(size=self.size, sparse=sparse, dense=self.dense)
 
-    def _weights(
-        self, f: SparseFeatureSpec, ids: list[Sequence[int] | None], lengths: np.ndarray, nnz: int
-    ) -> np.ndarray | None:
+    def _weights(self, f: SparseFeatureSpec, lengths: np.ndarray, row_splits: np.ndarray) -> np.ndarray | None:
+        name = f.weights or ""
         per_example = self.weights[f.name]
         if all(w is None for w in per_example):
             return None
-        out = np.ones(nnz, dtype=np.float32)
-        start = 0
-        for i, (w, n) in enumerate(zip(per_example, lengths.tolist(), strict=True)):
-            if w is not None:
-                if len(w) != n:
-                    raise InvalidArgument(
-                        f"feature {f.weights!r} at example {i}: expected {n} weights (one per id of {f.name!r}), "
-                        f"got {len(w)}"
-                    )
-                out[start : start + n] = w
-            start += n
+        counts = lengths.tolist()
+        for i, (w, n) in enumerate(zip(per_example, counts, strict=True)):
+            if w is not None and len(w) != n:
+                raise InvalidArgument(
+                    f"feature {name!r} at example {i}: expected {n} weights (one per id of {f.name!r}), got {len(w)}"
+                )
+        filled = [w if w is not None else itertools.repeat(1.0, n) for w, n in zip(per_example, counts, strict=True)]
+        try:
+            as_double = np.fromiter(itertools.chain.from_iterable(filled), dtype=np.float64, count=int(row_splits[-1]))
+        except OverflowError:
+            i = next(i for i, w in enumerate(per_example) if w is not None and _beyond_double(w))
+            raise InvalidArgument(f"feature {name!r} at example {i}: a value is outside the float range") from None
+        with np.errstate(over="ignore"):
+            out = as_double.astype(np.float32)
+        bad = ~np.isfinite(out)
+        if bad.any():
+            k = int(np.argmax(bad))
+            i = int(np.searchsorted(row_splits, k, side="right")) - 1
+            raise InvalidArgument(
+                f"feature {name!r} at example {i}: weights must be finite float32 values, got {_show(float(out[k]))} "
+                f"at position {k - int(row_splits[i])}"
+            )
         return out
+
+
+def _to_float32(rows: list[list[Any]], name: str, index: list[int]) -> np.ndarray:
+    """float32 [len(rows), dim] from JSON rows of example ``index``; finite values beyond float32 become +-inf (as
+    TF Serving's JSON parser makes them); Python ints too large for a double are an error naming the example."""
+    try:
+        as_double = np.array(rows, dtype=np.float64)
+    except OverflowError:
+        i = next(i for i, row in zip(index, rows, strict=True) if _beyond_double(row))
+        raise InvalidArgument(f"feature {name!r} at example {i}: a value is outside the float range") from None
+    with np.errstate(over="ignore"):
+        return as_double.astype(np.float32)
+
+
+def _beyond_double(values: Sequence[Any]) -> bool:
+    return any(type(x) is int and abs(x) > _DOUBLE_MAX_INT for x in values)
+
+
+_DOUBLE_MAX_INT: Final = int(np.finfo(np.float64).max)
 
 
 # -- JSON value checks ------------------------------------------------------------------------------------------------
@@ -325,13 +371,18 @@ def _json_ids(value: Any, spec: SparseFeatureSpec, i: int) -> list[int]:
         return ids
     if type(value) is not list:
         raise InvalidArgument(f"feature {spec.name!r} at example {i}: expected a list of int64 ids, got {_show(value)}")
-    for j, x in enumerate(value):
-        if type(x) is not int:
-            raise InvalidArgument(
-                f"feature {spec.name!r} at example {i}: expected a list of int64 ids, got {_show(x)} at position {j}"
-            )
-        if not _I64_MIN <= x <= _I64_MAX:
-            raise InvalidArgument(f"feature {spec.name!r} at example {i}: id {x} at position {j} is outside int64")
+    # C-speed checks first; the per-element loop only runs to name the offending element.
+    if value and not (set(map(type, value)) == _INT_ONLY and min(value) >= _I64_MIN and max(value) <= _I64_MAX):
+        for j, x in enumerate(value):
+            if type(x) is not int:
+                raise InvalidArgument(
+                    f"feature {spec.name!r} at example {i}: expected a list of int64 ids, got {_show(x)} "
+                    f"at position {j}"
+                )
+            if not _I64_MIN <= x <= _I64_MAX:
+                raise InvalidArgument(
+                    f"feature {spec.name!r} at example {i}: id {x} at position {j} is outside int64"
+                )
     if spec.max_ids is not None and len(value) > spec.max_ids:
         raise InvalidArgument(
             f"feature {spec.name!r} at example {i}: {len(value)} ids, more than max_ids {spec.max_ids}"
@@ -339,22 +390,18 @@ def _json_ids(value: Any, spec: SparseFeatureSpec, i: int) -> list[int]:
     return value
 
 
-def _json_numbers(values: list[Any], name: str, i: int, what: str, *, bare: bool = False) -> np.ndarray:
-    """float32 array from a list of JSON numbers (int or float, not bool); ``what`` describes the expectation and
-    ``bare`` says the client sent one value, not a list (no position in the error then)."""
-    for j, x in enumerate(values):
-        if type(x) is not float and type(x) is not int:
-            where = "" if bare else f" at position {j}"
-            raise InvalidArgument(f"feature {name!r} at example {i}: expected {what}, got {_show(x)}{where}")
-    try:
-        as_double = np.array(values, dtype=np.float64)
-    except OverflowError:
-        raise InvalidArgument(f"feature {name!r} at example {i}: a value is outside the float range") from None
-    with np.errstate(over="ignore"):
-        return as_double.astype(np.float32)
+def _json_numbers(values: list[Any], name: str, i: int, what: str, *, bare: bool = False) -> list[Any]:
+    """``values`` after checking every element is a JSON number (int or float, not bool); ``what`` describes the
+    expectation and ``bare`` says the client sent one value, not a list (no position in the error then)."""
+    if not set(map(type, values)) <= _NUMBER_TYPES:
+        for j, x in enumerate(values):
+            if type(x) is not float and type(x) is not int:
+                where = "" if bare else f" at position {j}"
+                raise InvalidArgument(f"feature {name!r} at example {i}: expected {what}, got {_show(x)}{where}")
+    return values
 
 
-def _json_weights(value: Any, spec: SparseFeatureSpec, i: int) -> np.ndarray:
+def _json_weights(value: Any, spec: SparseFeatureSpec, i: int) -> list[Any]:
     name = spec.weights or ""
     bare = spec.kind is FeatureKind.SINGLE and type(value) is not list
     what = f"a list of weights (one number per id of {spec.name!r})"
@@ -362,12 +409,10 @@ def _json_weights(value: Any, spec: SparseFeatureSpec, i: int) -> np.ndarray:
         value, what = [value], f"a weight for {spec.name!r} (a number or a one-element list)"
     if type(value) is not list:
         raise InvalidArgument(f"feature {name!r} at example {i}: expected {what}, got {_show(value)}")
-    weights = _json_numbers(value, name, i, what, bare=bare)
-    _check_finite(weights, name, i)
-    return weights
+    return _json_numbers(value, name, i, what, bare=bare)
 
 
-def _json_dense(value: Any, spec: DenseFeatureSpec, i: int) -> np.ndarray:
+def _json_dense(value: Any, spec: DenseFeatureSpec, i: int) -> list[Any]:
     bare = spec.dim == 1 and type(value) is not list
     what = "a number (or a list of 1 number)" if spec.dim == 1 else f"a list of {spec.dim} numbers"
     if bare:
@@ -377,16 +422,6 @@ def _json_dense(value: Any, spec: DenseFeatureSpec, i: int) -> np.ndarray:
     if len(value) != spec.dim:
         raise InvalidArgument(f"feature {spec.name!r} at example {i}: expected {spec.dim} numbers, got {len(value)}")
     return _json_numbers(value, spec.name, i, what, bare=bare)
-
-
-def _check_finite(weights: np.ndarray, name: str, i: int) -> None:
-    bad = ~np.isfinite(weights)
-    if bad.any():
-        j = int(np.argmax(bad))
-        raise InvalidArgument(
-            f"feature {name!r} at example {i}: weights must be finite float32 values, got {_show(float(weights[j]))} "
-            f"at position {j}"
-        )
 
 
 # -- tf.Example value checks ------------------------------------------------------------------------------------------
@@ -410,21 +445,17 @@ def _example_ids(feature: tfs_pb2.Feature, spec: SparseFeatureSpec, name: str, i
     return ids
 
 
-def _example_floats(feature: tfs_pb2.Feature, name: str, i: int, *, finite: bool) -> np.ndarray:
+def _example_floats(feature: tfs_pb2.Feature, name: str, i: int) -> np.ndarray:
     kind = feature.WhichOneof("kind")
     if kind == "float_list":
-        values = np.array(feature.float_list.value, dtype=np.float32)
-    elif kind == "int64_list":
-        values = np.array(feature.int64_list.value, dtype=np.int64).astype(np.float32)
-    elif kind is None:
-        values = np.empty(0, dtype=np.float32)
-    else:
-        raise InvalidArgument(
-            f"feature {name!r} at example {i}: expected a float_list (or int64_list) of values, got {_KIND_TEXT[kind]}"
-        )
-    if finite:
-        _check_finite(values, name, i)
-    return values
+        return np.array(feature.float_list.value, dtype=np.float32)
+    if kind == "int64_list":
+        return np.array(feature.int64_list.value, dtype=np.int64).astype(np.float32)
+    if kind is None:
+        return np.empty(0, dtype=np.float32)
+    raise InvalidArgument(
+        f"feature {name!r} at example {i}: expected a float_list (or int64_list) of values, got {_KIND_TEXT[kind]}"
+    )
 
 
 # -- messages ---------------------------------------------------------------------------------------------------------

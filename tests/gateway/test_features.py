@@ -263,6 +263,12 @@ def test_weights_may_be_integers_in_json_and_missing_weights_are_ones() -> None:
     np.testing.assert_array_equal(b.sparse["tags"].row_splits, [0, 1, 1])
 
 
+def test_dense_values_beyond_float32_become_infinite_like_tf_serving() -> None:
+    b = batch_from_instances([_with(ctx=[1e39, -1e39], age=10**30)], MANIFEST)
+    np.testing.assert_array_equal(b.dense["ctx"], [[np.inf, -np.inf]])
+    np.testing.assert_array_equal(b.dense["age"], [[np.float32(1e30)]])
+
+
 def test_columnar_batch_may_be_empty() -> None:
     cols = {name: [] for name in ("user", "item", "genres", "tags", "age", "ctx")}
     b = batch_from_columns(cols, MANIFEST)
@@ -333,6 +339,8 @@ ROW_ERRORS: list[tuple[dict[str, Any], str]] = [
     (_with(age="x"), 'feature \'age\' at example 1: expected a number (or a list of 1 number), got "x"'),
     (_with(age=[1.0, 2.0]), "feature 'age' at example 1: expected 1 numbers, got 2"),
     (_with(age=10**400), "feature 'age' at example 1: a value is outside the float range"),
+    (_with(ctx=[0.5, -(10**400)]), "feature 'ctx' at example 1: a value is outside the float range"),
+    (_with(genres_w=[0.5, 10**400]), "feature 'genres_w' at example 1: a value is outside the float range"),
 ]
 
 
