@@ -11,8 +11,10 @@ Value rules (JSON): a ``single`` feature takes one integer id (or a one-element 
 integer ids (maybe empty, at most ``max_ids``); ids are JSON integers within int64 (``true``, ``1.0``, ``"1"`` are
 rejected). Weights (the manifest's ``weights`` name) are optional, numbers (not bools), finite, one per id (a number
 or a one-element list for single features); missing weights mean 1. A dense feature takes ``dim`` numbers (a bare
-number when ``dim == 1``); NaN/Infinity pass through as TF Serving passes them for DT_FLOAT. Unknown or missing
-features are errors.
+number when ``dim == 1``); NaN/Infinity pass through and finite values beyond float32 become +-inf, as TF Serving
+treats DT_FLOAT. Weights must still be finite after that conversion. Unknown or missing features are errors. Values
+are what a JSON parser returns (``int``, ``float``, ``str``, ``list``, ``dict``, ``bool``, ``None``); numpy scalars
+are not JSON and are rejected.
 
 tf.Example rules: ids are an ``int64_list``; weights and dense values a ``float_list`` **or** an ``int64_list``
 (converted to float32: classify/regress JSON turns ``3`` into an int64_list, so integer-valued dense features must
@@ -56,6 +58,7 @@ _INT_ONLY: Final = {int}
 _NUMBER_TYPES: Final = {int, float}
 
 
+# eq=False: arrays have no truth value, so a generated __eq__ would raise; compare arrays explicitly.
 @dataclass(frozen=True, eq=False)
 class SparseInput:
     """One sparse feature over the batch, CSR-style: example ``i``'s ids are ``ids[row_splits[i]:row_splits[i+1]]``.
