@@ -11,8 +11,9 @@ routed with :func:`schemas.partition.shard_for`. Pooling (manifest ``Combiner``)
 Keras layer; ``w`` is 1 where no weights were sent:
 
 * single feature: the row, times its weight when weights were sent (the combiner does not apply);
-* ``sum``: Σ w·e;  ``mean``: Σ w·e / Σ w (a zero row when Σ w == 0);  ``sqrtn``: Σ w·e / sqrt(Σ w²) (a zero row when
-  Σ w² == 0, e.g. no ids).
+* ``sum``: Σ w·e;
+* ``mean``: Σ w·e / Σ w (a zero row when Σ w == 0);
+* ``sqrtn``: Σ w·e / sqrt(Σ w²) (a zero row when Σ w² == 0, e.g. no ids).
 
 Unknown ids come back from the PS as the table's default row and are pooled like any row.
 """
