@@ -116,8 +116,9 @@ class Servable:
 
     # -- predict ------------------------------------------------------------------------------------------------
     def predict(
-        self, request: predict_pb2.PredictRequest, *, as_content: bool = False
+        self, request: predict_pb2.PredictRequest, *, as_content: bool = False, timeout: float | None = None
     ) -> predict_pb2.PredictResponse:
+        """Run the request's signature; ``timeout`` (seconds, None = none) bounds ``Session.run``."""
         key, sig = self.signature(request.model_spec.signature_name)
         if sig.method_name not in (PREDICT_METHOD, CLASSIFY_METHOD, REGRESS_METHOD):
             raise InternalError(
@@ -131,7 +132,8 @@ class Servable:
             feeds[_tensor_name(info, alias)] = _decode_input(alias, request.inputs[alias], info, sig)
         aliases = _output_aliases(sig, list(request.output_filter))
         infos = [sig.outputs[a] for a in aliases]
-        values = self._run(feeds, [_tensor_name(i, a) for a, i in zip(aliases, infos, strict=True)])
+        fetches = [_tensor_name(i, a) for a, i in zip(aliases, infos, strict=True)]
+        values = self._run(feeds, fetches, timeout)
         response = predict_pb2.PredictResponse()
         _fill_spec(response.model_spec, self.name, self.version, key)
         for alias, info, value in zip(aliases, infos, values, strict=True):
@@ -142,7 +144,7 @@ class Servable:
 
     # -- classify / regress -------------------------------------------------------------------------------------
     def classify(
-        self, request: classification_pb2.ClassificationRequest
+        self, request: classification_pb2.ClassificationRequest, *, timeout: float | None = None
     ) -> classification_pb2.ClassificationResponse:
         key, sig = self.signature(request.model_spec.signature_name)
         if sig.method_name != CLASSIFY_METHOD:
@@ -164,7 +166,7 @@ class Servable:
         values = dict(
             zip(
                 fetch_aliases,
-                self._run({_tensor_name(input_info, _CLASSIFY_INPUTS): examples}, fetches),
+                self._run({_tensor_name(input_info, _CLASSIFY_INPUTS): examples}, fetches, timeout),
                 strict=True,
             )
         )
@@ -196,7 +198,9 @@ class Servable:
                     cls.score = float(scores[row, col])
         return response
 
-    def regress(self, request: regression_pb2.RegressionRequest) -> regression_pb2.RegressionResponse:
+    def regress(
+        self, request: regression_pb2.RegressionRequest, *, timeout: float | None = None
+    ) -> regression_pb2.RegressionResponse:
         key, sig = self.signature(request.model_spec.signature_name)
         if sig.method_name != REGRESS_METHOD:
             raise InvalidArgumentError(
@@ -208,7 +212,9 @@ class Servable:
         ((out_alias, out_info),) = sig.outputs.items()
         examples = _serialized_examples(request.input)
         (values,) = self._run(
-            {_tensor_name(input_info, _CLASSIFY_INPUTS): examples}, [_tensor_name(out_info, out_alias)]
+            {_tensor_name(input_info, _CLASSIFY_INPUTS): examples},
+            [_tensor_name(out_info, out_alias)],
+            timeout,
         )
         n = len(examples)
         if not (values.shape == (n,) or values.shape == (n, 1)):
@@ -229,9 +235,13 @@ class Servable:
                 self._closed = True
                 self._session.close()
 
-    def _run(self, feeds: dict[str, Any], fetches: Sequence[str]) -> list[np.ndarray]:
+    def _run(self, feeds: dict[str, Any], fetches: Sequence[str], timeout: float | None) -> list[np.ndarray]:
+        # Like TF Serving, the request's deadline becomes the session-run timeout (DEADLINE_EXCEEDED when hit).
+        options = None
+        if timeout is not None:
+            options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, int(timeout * 1000)))
         try:
-            return list(self._session.run(list(fetches), feed_dict=feeds))
+            return list(self._session.run(list(fetches), feed_dict=feeds, options=options))
         except tf.errors.OpError as exc:
             code = _STATUS_BY_NUMBER.get(int(exc.error_code), grpc.StatusCode.UNKNOWN)
             raise _ServableError(code, exc.message) from exc

@@ -46,17 +46,30 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         return _call(
             context,
             lambda: self._with_servable(
-                request.model_spec, lambda s: s.predict(request, as_content=self._tensor_content)
+                request.model_spec,
+                lambda s: s.predict(
+                    request, as_content=self._tensor_content, timeout=context.time_remaining()
+                ),
             ),
         )
 
     def Classify(
         self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext
     ) -> Any:
-        return _call(context, lambda: self._with_servable(request.model_spec, lambda s: s.classify(request)))
+        return _call(
+            context,
+            lambda: self._with_servable(
+                request.model_spec, lambda s: s.classify(request, timeout=context.time_remaining())
+            ),
+        )
 
     def Regress(self, request: regression_pb2.RegressionRequest, context: grpc.ServicerContext) -> Any:
-        return _call(context, lambda: self._with_servable(request.model_spec, lambda s: s.regress(request)))
+        return _call(
+            context,
+            lambda: self._with_servable(
+                request.model_spec, lambda s: s.regress(request, timeout=context.time_remaining())
+            ),
+        )
 
     def GetModelMetadata(
         self, request: get_model_metadata_pb2.GetModelMetadataRequest, context: grpc.ServicerContext

@@ -205,3 +205,36 @@ def test_metadata(stub: prediction_service_pb2_grpc.PredictionServiceStub) -> No
     with pytest.raises(grpc.RpcError) as info:
         stub.GetModelMetadata(empty, 10)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
+
+
+def test_wire_compatible_with_our_tfs_protos(channel: grpc.Channel) -> None:
+    """The gateway's own copy of the messages (schemas.proto.tfs_pb2), called by method path, as the gateway does."""
+    from schemas.proto import tfs_pb2
+
+    predict = channel.unary_unary(
+        "/tensorflow.serving.PredictionService/Predict",
+        request_serializer=tfs_pb2.PredictRequest.SerializeToString,
+        response_deserializer=tfs_pb2.PredictResponse.FromString,
+    )
+    req = tfs_pb2.PredictRequest()
+    req.model_spec.name = "half"
+    req.model_spec.version.value = 1
+    x = req.inputs["x"]
+    x.dtype = types_pb2.DT_FLOAT
+    x.tensor_shape.dim.add(size=2)
+    x.float_val.extend([2.0, 4.0])
+    resp = predict(req, timeout=10)
+    assert resp.model_spec.version.value == 1
+    assert list(resp.outputs["y"].float_val) == [2.0, 3.0]
+
+    metadata = channel.unary_unary(
+        "/tensorflow.serving.PredictionService/GetModelMetadata",
+        request_serializer=tfs_pb2.GetModelMetadataRequest.SerializeToString,
+        response_deserializer=tfs_pb2.GetModelMetadataResponse.FromString,
+    )
+    mreq = tfs_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    mreq.model_spec.name = "half"
+    packed = metadata(mreq, timeout=10).metadata["signature_def"]
+    assert packed.type_url.endswith("tensorflow.serving.SignatureDefMap")
+    sigs = tfs_pb2.SignatureDefMap.FromString(packed.value)
+    assert set(sigs.signature_def["serving_default"].outputs) == {"y", "x2"}
