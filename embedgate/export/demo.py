@@ -122,7 +122,7 @@ def make_examples(n: int, vocab: int, seed: int) -> tuple[list[dict[str, Any]], 
             "user_id": int(user[k]), "item_id": int(item[k]), "category": int(category[k]), "brand": int(brand[k]),
             "city": int(city[k]), "device": int(device[k]), "hour": int(hour[k]),
             "history": hist.tolist(), "tags": tags.tolist(), "tags_weights": tw.tolist(),
-            "price": [float(price[k])], "user_stats": [float(x) for x in stats[k]],
+            "price": [round(float(price[k]), 4)], "user_stats": [round(float(x), 4) for x in stats[k]],
         })
     labels = (rng.uniform(size=n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
     return instances, labels
@@ -223,7 +223,7 @@ def build_demo(
     instances = held[:8]
     instances[1]["history"] = []  # an empty multi feature
     del instances[2]["tags_weights"]  # weights are optional (default 1)
-    body = json.dumps({"instances": instances[:3]}, indent=1) + "\n"
+    body = '{"instances": [\n  ' + ",\n  ".join(json.dumps(i) for i in instances[:3]) + "\n]}\n"
     req = result.model_dir / ".example_request.json.tmp"
     req.write_text(body, encoding="utf-8")
     req.replace(result.model_dir / "example_request.json")
