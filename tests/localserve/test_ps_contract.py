@@ -111,3 +111,29 @@ def test_demo_ps_through_serve_local(demo_backends: Any, demo_artifacts: Any) ->
         np.testing.assert_array_equal(after, row)
         _run(target, model, delete_signature(table.name), {"ids": _ids(new_id)})
     assert isinstance(Path(demo_artifacts.model_dir), Path)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("embedgate.export.demo") is None,
+    reason="embedgate.export.demo (build_demo) not written yet",
+)
+def test_demo_entry_through_serve_local(demo_backends: Any, demo_artifacts: Any) -> None:
+    """The Keras-exported entry model: inputs from GetModelMetadata, outputs as the manifest says."""
+    manifest = demo_artifacts.manifest
+    model = f"{manifest.model_name}_entry"
+    req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    req.model_spec.name = model
+    with grpc.insecure_channel(demo_backends.target) as ch:
+        resp = prediction_service_pb2_grpc.PredictionServiceStub(ch).GetModelMetadata(req, 30)
+    sigs = get_model_metadata_pb2.SignatureDefMap()
+    resp.metadata["signature_def"].Unpack(sigs)
+    sig = sigs.signature_def[manifest.entry.signature_name]
+    inputs = {}
+    for name, info in sig.inputs.items():
+        dims = [d.size for d in info.tensor_shape.dim]
+        assert info.dtype == tf.float32.as_datatype_enum and dims[0] == -1, (name, dims)
+        inputs[name] = np.full([3, *dims[1:]], 0.1, np.float32)
+    out = _run(demo_backends.target, model, manifest.entry.signature_name, inputs)
+    assert set(out) == {o.name for o in manifest.entry.outputs}
+    for value in out.values():
+        assert value.shape[0] == 3 and np.isfinite(value).all()
