@@ -1,0 +1,390 @@
+"""The updater end to end against the real Kafka broker and real serve-local PS replicas (no mocks).
+
+Every test uses its own topic, consumer group and id range, so they share the session's broker and PS servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from schemas.deltas import EmbeddingDelta, encode_delta, encode_delta_json, encode_hps
+from schemas.partition import shard_for
+from schemas.updater_settings import UpdaterSettings
+from tests.support.kafka import Broker
+from tests.support.ports import free_port
+from tests.updater.conftest import PsCluster
+from tests.updater.psmodel import lookup
+from updater.consumer import Updater
+from updater.producer import DeltaPublisher, message_key
+
+pytestmark = pytest.mark.integration
+
+_REPO = Path(__file__).resolve().parents[2]
+DEFAULT = -1.0  # the item table's default_value
+
+
+def _settings(kafka: Broker, cluster: PsCluster, name: str, **over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "models": [cluster.model_config()],
+        "bootstrap_servers": kafka.bootstrap,
+        "topics": [f"{name}.deltas"],
+        "dead_letter_topic": f"{name}.dlq",
+        "hps_topic_pattern": None,
+        "group_id": f"{name}-group",
+        "client_id": f"{name}-updater",
+        "session_timeout_ms": 3000,
+        "heartbeat_interval_ms": 300,
+        "metrics_port": 0,
+        "batch": {"max_rows": 4096, "max_delay_ms": 10},
+        "retry": {"min_backoff_ms": 100, "max_backoff_ms": 1000},
+        "apply_deadline_s": 3.0,
+    }
+    base.update(over)
+    return base
+
+
+@contextlib.asynccontextmanager
+async def running(settings: dict[str, Any]) -> AsyncIterator[Updater]:
+    """The updater in this event loop; stopped gracefully (and awaited, bounded) at exit."""
+    upd = Updater(UpdaterSettings(**settings))
+    task = asyncio.create_task(upd.run())
+    try:
+        await asyncio.wait_for(upd.ready.wait(), 30)
+        yield upd
+    finally:
+        upd.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def eventually(cond: Callable[[], Awaitable[bool]], timeout_s: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s} s")
+        await asyncio.sleep(0.2)
+
+
+async def _rows(cluster: PsCluster, table: str, ids: np.ndarray, shard_targets: dict[int, list[str]] | None = None
+                ) -> list[np.ndarray]:
+    """Rows of ``ids`` as seen by every replica of their shards: one array per replica index (aligned to ids)."""
+    m = cluster.manifest
+    shards = shard_for(ids, m.num_shards)
+    out = []
+    for replica in range(2):
+        view = np.full((len(ids), m.table(table).dim), np.nan, np.float32)
+        for s in range(m.num_shards):
+            targets = (shard_targets or {}).get(s, cluster.replicas(s))
+            target = targets[min(replica, len(targets) - 1)]
+            mask = shards == s
+            if mask.any():
+                view[mask] = await asyncio.to_thread(lookup, target, f"emb_ps_{s}", m, table, ids[mask])
+        out.append(view)
+    return out
+
+
+def _sample(upd: Updater, name: str, labels: dict[str, str] | None = None) -> float:
+    return upd.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+# -- publish -> visible -----------------------------------------------------------------------------------------------
+async def test_published_rows_reach_every_replica(kafka: Broker, ps_cluster: PsCluster, unique: str) -> None:
+    s = _settings(kafka, ps_cluster, unique)
+    ids = np.arange(1000, 1040, dtype=np.int64)
+    values = np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32)
+    async with running(s) as upd:
+        async with DeltaPublisher(kafka.bootstrap, topic=s["topics"][0]) as pub:
+            res = await pub.publish(ps_cluster.manifest, "item", ids, values)
+            assert res.rows == 40 and set(res.rows_per_shard) == {0, 1}
+            await pub.publish(ps_cluster.manifest, "item", [3, 4], delete=True)  # exported rows 3 (shard 1), 4 (0)
+
+        async def visible() -> bool:
+            views = await _rows(ps_cluster, "item", ids)
+            return all(np.array_equal(v, values) for v in views)
+
+        await eventually(visible, what="published rows on every replica")
+
+        async def deleted() -> bool:
+            views = await _rows(ps_cluster, "item", np.array([3, 4]))
+            return all((v == DEFAULT).all() for v in views)
+
+        await eventually(deleted, what="deleted rows")
+        assert _sample(upd, "embedgate_updater_rows_applied_total", {"model": "emb", "table": "item", "op": "upsert"}) >= 40
+        assert _sample(upd, "embedgate_updater_rows_applied_total", {"model": "emb", "table": "item", "op": "delete"}) >= 2
+        assert _sample(upd, "embedgate_updater_freshness_seconds_count", {"model": "emb"}) >= 2
+        assert _sample(upd, "embedgate_updater_apply_latency_seconds_count", {"model": "emb"}) >= 2
+
+
+# -- HPS format ----------------------------------------------------------------------------------------------------
+async def test_hps_messages_are_applied(kafka: Broker, ps_cluster: PsCluster, unique: str) -> None:
+    topic = "hps_et.emb.item"
+    ids = np.arange(2000, 2010, dtype=np.int64)
+    values = np.arange(40, dtype=np.float32).reshape(10, 4) / 8
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, enable_idempotence=True, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"HCTR" + (16).to_bytes(4, "little"))  # beacon: ignored
+        await producer.send_and_wait(topic, encode_hps(ids, values))  # no key, as HPS sends
+    finally:
+        await producer.stop()
+    s = _settings(kafka, ps_cluster, unique, hps_topic_pattern=r"hps_et\.emb\..*", metadata_max_age_ms=1000)
+    async with running(s) as upd:
+
+        async def visible() -> bool:
+            return all(np.array_equal(v, values) for v in await _rows(ps_cluster, "item", ids))
+
+        await eventually(visible, what="HPS rows")
+        assert _sample(upd, "embedgate_updater_messages_total", {"kind": "hps"}) == 1
+        assert _sample(upd, "embedgate_updater_messages_total", {"kind": "beacon"}) == 1
+
+
+# -- dead letters ------------------------------------------------------------------------------------------------------
+def _delta(ids: list[int], values: Any, *, model: str = "emb", table: str = "item") -> EmbeddingDelta:
+    return EmbeddingDelta(
+        model=model, table=table, op="upsert", ids=ids, values=np.asarray(values, np.float32), timestamp_ms=1
+    )
+
+
+async def test_bad_messages_go_to_the_dead_letter_topic(kafka: Broker, ps_cluster: PsCluster, unique: str) -> None:
+    s = _settings(kafka, ps_cluster, unique)
+    good1 = _delta([3000, 3001], [[1, 1, 1, 1], [2, 2, 2, 2]])
+    good2 = _delta([3000, 3002], [[5, 5, 5, 5], [6, 6, 6, 6]])
+    nan_ok = _delta([3003], [[np.nan, 1, 2]], table="user")  # the user table allows NaN
+    bad_ids = [3100, 3101]
+    valid = encode_delta(_delta(bad_ids, [[9, 9, 9, 9], [9, 9, 9, 9]]))
+    bad: list[tuple[str, bytes]] = [
+        ("bad_magic", b"NOPE" + valid[4:]),
+        ("truncated", valid[:-3]),
+        ("dim_mismatch", encode_delta(_delta(bad_ids, [[9] * 5, [9] * 5]))),
+        ("unknown_model", encode_delta(_delta(bad_ids, [[9] * 4, [9] * 4], model="nosuch"))),
+        ("unknown_table", encode_delta(_delta(bad_ids, [[9] * 4, [9] * 4], table="nosuch"))),
+        ("nan_values", encode_delta(_delta(bad_ids, [[9, 9, 9, 9], [9, np.nan, 9, 9]]))),
+        ("invalid_json", b'{"model": "emb", "table": "item", "op": "upsert", "ids": [3100], "values": [[1'),
+        ("invalid_json", b'{"model": "emb", "table": "item", "op": "upsert", "ids": ["x"], "timestamp_ms": 1}'),
+    ]
+    key = message_key("emb", 0)  # everything in one partition: the good one behind the bad ones must still pass
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, enable_idempotence=True, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(s["topics"][0], encode_delta(good1), key=key)
+        for _, raw in bad:
+            await producer.send_and_wait(s["topics"][0], raw, key=key)
+        await producer.send_and_wait(s["topics"][0], encode_delta_json(good2), key=key)
+        await producer.send_and_wait(s["topics"][0], encode_delta(nan_ok), key=key)
+    finally:
+        await producer.stop()
+    async with running(s) as upd:
+        expected = np.array([[5, 5, 5, 5], [2, 2, 2, 2], [6, 6, 6, 6]], np.float32)
+
+        async def good_applied() -> bool:
+            views = await _rows(ps_cluster, "item", np.array([3000, 3001, 3002]))
+            return all(np.array_equal(v, expected) for v in views)
+
+        await eventually(good_applied, what="good messages behind bad ones")
+        user = (await _rows(ps_cluster, "user", np.array([3003])))[0]
+        assert np.isnan(user[0, 0]) and user[0, 1:].tolist() == [1, 2]
+        for view in await _rows(ps_cluster, "item", np.array(bad_ids)):
+            assert (view == DEFAULT).all(), "a bad message touched the PS"
+        for reason in {r for r, _ in bad}:
+            want = sum(1 for r, _ in bad if r == reason)
+            assert _sample(upd, "embedgate_updater_dead_letters_total", {"reason": reason}) == want, reason
+
+    dlq = AIOKafkaConsumer(s["dead_letter_topic"], bootstrap_servers=kafka.bootstrap, auto_offset_reset="earliest",
+                           group_id=f"{unique}-dlq-reader")
+    await dlq.start()
+    try:
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < len(bad) and time.monotonic() < deadline:
+            for recs in (await dlq.getmany(timeout_ms=500)).values():
+                got.extend(recs)
+    finally:
+        await dlq.stop()
+    assert len(got) == len(bad)
+    got.sort(key=lambda r: int(dict(r.headers)["embedgate.offset"]))
+    for rec, (reason, raw) in zip(got, bad, strict=True):
+        headers = {k: v.decode() for k, v in rec.headers}
+        assert headers["embedgate.reason"] == reason
+        assert headers["embedgate.topic"] == s["topics"][0]
+        assert headers["embedgate.error"]  # the human-readable problem
+        assert rec.value == raw and rec.key == key
+
+
+# -- SIGKILL mid-stream ----------------------------------------------------------------------------------------------
+def _spawn_updater(config: dict[str, Any], workdir: Path, tag: str) -> subprocess.Popen[bytes]:
+    cfg = workdir / "updater.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    log = open(workdir / f"updater-{tag}.log", "wb")  # noqa: SIM115 - closed below, the child keeps its copy
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDGATE_")}
+        return subprocess.Popen(
+            [sys.executable, "-m", "embedgate", "updater", "--config", str(cfg)],
+            cwd=_REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+    finally:
+        log.close()
+
+
+def _kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+async def test_sigkill_mid_stream_then_restart_loses_nothing(
+    kafka: Broker, ps_cluster: PsCluster, unique: str, tmp_path: Path
+) -> None:
+    s = _settings(kafka, ps_cluster, unique, batch={"max_rows": 256, "max_delay_ms": 5})
+    keys = np.arange(5000, 5300, dtype=np.int64)
+    rng = random.Random(7)
+    expected: dict[int, list[float] | None] = {}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs.append(_spawn_updater(s, tmp_path, "first"))
+        async with DeltaPublisher(kafka.bootstrap, topic=s["topics"][0], max_rows_per_message=40) as pub:
+            for rnd in range(30):
+                chosen = np.array(sorted(rng.sample(range(len(keys)), 180)), dtype=np.int64)
+                ids = keys[chosen]
+                if rnd % 7 == 6:
+                    await pub.publish(ps_cluster.manifest, "item", ids[:20], delete=True)
+                    for k in ids[:20].tolist():
+                        expected[k] = None
+                else:
+                    vals = np.stack([np.full(len(ids), rnd), ids, chosen, np.full(len(ids), 0.5)], 1).astype(np.float32)
+                    await pub.publish(ps_cluster.manifest, "item", ids, vals)
+                    for k, row in zip(ids.tolist(), vals.tolist(), strict=True):
+                        expected[k] = row
+                if rnd == 8:
+                    # make sure the first updater is really applying before it is killed
+                    async def some_applied() -> bool:
+                        return bool((np.concatenate(await _rows(ps_cluster, "item", keys))[:, 3] == 0.5).any())
+
+                    await eventually(some_applied, what="first updater applying")
+                if rnd == 12:
+                    _kill(procs[0], signal.SIGKILL)
+                    assert procs[0].returncode == -signal.SIGKILL
+                    procs.append(_spawn_updater(s, tmp_path, "second"))
+                await asyncio.sleep(0.05)
+
+        want = np.array([expected.get(k) or [DEFAULT] * 4 for k in keys.tolist()], np.float32)
+
+        async def converged() -> bool:
+            return all(np.array_equal(v, want) for v in await _rows(ps_cluster, "item", keys))
+
+        await eventually(converged, timeout_s=60, what="final state after SIGKILL + restart")
+        # key by key, on every replica: the last value published (or the default row after a delete)
+        for view in await _rows(ps_cluster, "item", keys):
+            for k, got, row in zip(keys.tolist(), view.tolist(), want.tolist(), strict=True):
+                assert got == row, f"key {k}: PS has {got}, last published {row}"
+    finally:
+        for p in procs:
+            _kill(p)
+
+
+# -- a PS shard down for several seconds ----------------------------------------------------------------------------
+async def test_shard_down_then_back_nothing_lost(kafka: Broker, ps_cluster: PsCluster, unique: str) -> None:
+    from tests.support.servers import serve_local
+
+    port = free_port()
+    ps0 = {"emb_ps_0": ps_cluster.model_dir / "ps_0"}
+    target = f"127.0.0.1:{port}"
+    ids = np.arange(7000, 7060, dtype=np.int64)
+    shard0 = shard_for(ids, 2) == 0
+    targets = {0: [target]}
+    with contextlib.ExitStack() as stack:
+        server = await asyncio.to_thread(stack.enter_context, serve_local(ps0, port=port))
+        s = _settings(kafka, ps_cluster, unique, models=[ps_cluster.model_config(shard0=[target])])
+        async with running(s) as upd, DeltaPublisher(kafka.bootstrap, topic=s["topics"][0]) as pub:
+            v1 = np.full((60, 4), 1, np.float32)
+            await pub.publish(ps_cluster.manifest, "item", ids, v1)
+
+            async def at(values: np.ndarray) -> bool:
+                return all(np.array_equal(v, values) for v in await _rows(ps_cluster, "item", ids, targets))
+
+            await eventually(lambda: at(v1), what="rows before the shard goes down")
+
+            server.proc.send_signal(signal.SIGTERM)  # the shard-0 PS goes away
+            await asyncio.to_thread(server.proc.wait, 20)
+            v2 = np.stack([np.full(60, 2), ids, np.zeros(60), np.ones(60)], 1).astype(np.float32)
+            await pub.publish(ps_cluster.manifest, "item", ids, v2)  # published while shard 0 is down
+            v3 = v2.copy()
+            v3[::2, 0] = 3
+            await pub.publish(ps_cluster.manifest, "item", ids[::2], v3[::2])
+            failures_before = _sample(upd, "embedgate_updater_apply_failures_total",
+                                      {"model": "emb", "shard": "0", "retriable": "true"})
+            await asyncio.sleep(4)
+            assert _sample(upd, "embedgate_updater_paused_partitions") >= 1
+            failures = _sample(upd, "embedgate_updater_apply_failures_total",
+                               {"model": "emb", "shard": "0", "retriable": "true"})
+            assert 1 <= failures - failures_before <= 30, "retries must back off, not spin"
+            # shard 1 is unaffected unless its messages share shard 0's partition
+            if pub_partition(s, 0) != pub_partition(s, 1):
+                assert all(np.array_equal(v[~shard0], v3[~shard0]) for v in await _rows(ps_cluster, "item", ids,
+                                                                                         {0: [ps_cluster.a.target]}))
+
+            # back on the same port; it reloads the export from disk (v1 rows gone), the retried writes restore them
+            await asyncio.to_thread(stack.enter_context, serve_local(ps0, port=port))
+            await eventually(lambda: at(v3), timeout_s=40, what="every update after the shard returned")
+            await eventually(lambda: _zero(upd, "embedgate_updater_paused_partitions"), what="partitions resumed")
+
+
+async def _zero(upd: Updater, name: str) -> bool:
+    return _sample(upd, name) == 0
+
+
+def pub_partition(settings: dict[str, Any], shard: int) -> int:
+    """The partition aiokafka's default partitioner picks for a shard's key (murmur2, 4 partitions)."""
+    from aiokafka.partitioner import murmur2
+
+    return (murmur2(message_key("emb", shard)) & 0x7FFFFFFF) % 4
+
+
+# -- graceful shutdown ---------------------------------------------------------------------------------------------
+async def test_sigterm_finishes_commits_and_leaves(kafka: Broker, ps_cluster: PsCluster, unique: str,
+                                                   tmp_path: Path) -> None:
+    s = _settings(kafka, ps_cluster, unique)
+    ids = np.arange(8000, 8100, dtype=np.int64)
+    values = np.full((100, 4), 8, np.float32)
+    proc = _spawn_updater(s, tmp_path, "graceful")
+    try:
+        async with DeltaPublisher(kafka.bootstrap, topic=s["topics"][0], max_rows_per_message=10) as pub:
+            await pub.publish(ps_cluster.manifest, "item", ids, values)
+
+        async def visible() -> bool:
+            return all(np.array_equal(v, values) for v in await _rows(ps_cluster, "item", ids))
+
+        await eventually(visible, what="rows applied by the subprocess updater")
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        _kill(proc)
+    log = (tmp_path / "updater-graceful.log").read_text()
+    assert "offsets committed, group left" in log
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id=s["group_id"], enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(s["topics"][0], p) for p in range(4)]  # the updater created it with 4 partitions
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            assert await consumer.committed(tp) == (ends[tp] or None), tp
+    finally:
+        await consumer.stop()

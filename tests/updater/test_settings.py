@@ -1,0 +1,62 @@
+"""schemas.updater_settings: YAML + EMBEDGATE_ env overrides (``__`` nesting), bad values rejected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from schemas.updater_settings import UpdaterSettings
+
+YAML = """
+models:
+  - kind: embedding
+    name: demo
+    manifest: /models/demo
+    entry: '127.0.0.1:8500'
+    shards: [{replicas: ['127.0.0.1:8500']}, {replicas: ['127.0.0.1:8500', '127.0.0.1:8510']}]
+  - kind: passthrough
+    name: plain
+    target: '127.0.0.1:8600'
+bootstrap_servers: '127.0.0.1:9092'
+batch: {max_rows: 100}
+"""
+
+
+def test_yaml_and_env_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "updater.yaml"
+    cfg.write_text(YAML)
+    monkeypatch.setenv("EMBEDGATE_BATCH__MAX_DELAY_MS", "7")
+    monkeypatch.setenv("EMBEDGATE_BOOTSTRAP_SERVERS", "10.0.0.1:9092")
+    monkeypatch.setenv("EMBEDGATE_TOPICS", '["a", "b"]')
+    s = UpdaterSettings.from_yaml(cfg)
+    assert s.batch.max_rows == 100 and s.batch.max_delay_ms == 7
+    assert s.bootstrap_servers == "10.0.0.1:9092"
+    assert s.topics == ["a", "b"]
+    assert [m.name for m in s.embedding_models] == ["demo"]  # passthrough models are ignored
+    assert s.dead_letter_topic == "embedgate.deltas.dlq" and s.hps_topic_pattern == r"hps_et\..*"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("retry: {min_backoff_ms: 500, max_backoff_ms: 100}", "max_backoff_ms must be >= retry.min_backoff_ms"),
+        ("dead_letter_topic: embedgate.deltas", "must not be one of topics"),
+        ("bogus: 1", "bogus"),
+        ("batch: {max_rows: 0}", "max_rows"),
+    ],
+)
+def test_bad_values_rejected(tmp_path: Path, extra: str, message: str) -> None:
+    cfg = tmp_path / "updater.yaml"
+    cfg.write_text(YAML + extra + "\n")
+    with pytest.raises(ValidationError, match=message):
+        UpdaterSettings.from_yaml(cfg)
+
+
+def test_unreadable_and_non_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read updater config"):
+        UpdaterSettings.from_yaml(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ValueError, match="must be a YAML mapping"):
+        UpdaterSettings.from_yaml(tmp_path / "list.yaml")

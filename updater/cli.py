@@ -1,0 +1,137 @@
+"""``embedgate updater --config updater.yaml`` and ``embedgate publish ...``.
+
+Heavy imports (aiokafka, grpc) happen inside the command functions; registering the commands is cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("updater", help="apply Kafka embedding deltas to every PS replica")
+    p.add_argument("--config", type=Path, required=True, help="updater YAML (see docs/updater.md)")
+    p.set_defaults(func=_run_updater)
+
+    p = subparsers.add_parser("publish", help="publish absolute embedding rows (or deletes) to Kafka")
+    p.add_argument("--bootstrap", "--bootstrap-servers", default="127.0.0.1:9092", help="Kafka bootstrap servers")
+    p.add_argument("--topic", default=None, help="delta topic (default embedgate.deltas)")
+    p.add_argument("--manifest", type=Path, required=True, help="manifest.json or the model directory holding it")
+    p.add_argument("--table", required=True, help="embedding table")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--id", type=int, action="append", dest="ids", help="an id (repeatable)")
+    src.add_argument("--from", dest="source", type=Path,
+                     help="HPS table dir (key + emb_vector files), .npz (ids/values) or .npy (values for ids 0..n-1)")
+    p.add_argument("--values", default=None, help="comma-separated row for --id (dim floats; repeated per id)")
+    p.add_argument("--fill", type=float, default=None, help="row of dim copies of this value for --id")
+    p.add_argument("--delete", action="store_true", help="delete the ids instead of upserting rows")
+    p.add_argument("--format", choices=["binary", "json"], default="binary", help="message encoding")
+    p.add_argument("--producer-id", default=None, help="producer id written into each message")
+    p.set_defaults(func=_run_publish)
+
+
+def _run_updater(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from schemas.updater_settings import UpdaterSettings
+    from updater.errors import ConfigError
+
+    try:
+        settings = UpdaterSettings.from_yaml(args.config)
+    except (ValueError, ValidationError) as exc:
+        print(f"embedgate updater: invalid config {args.config}: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    try:
+        return asyncio.run(_serve(settings))
+    except ConfigError as exc:
+        print(f"embedgate updater: {exc}", file=sys.stderr)
+        return 2
+
+
+async def _serve(settings: Any) -> int:
+    from updater.consumer import Updater
+
+    updater = Updater(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, updater.stop)
+    port = None
+    if settings.metrics_port:
+        port = updater.metrics.serve(settings.metrics_port, settings.metrics_host)
+    logging.getLogger("embedgate.updater").info(
+        "updater consuming %s (hps %s) from %s as group %s; metrics on %s",
+        settings.topics, settings.hps_topic_pattern, settings.bootstrap_servers, settings.group_id,
+        f"{settings.metrics_host}:{port}" if port else "off",
+    )
+    try:
+        await updater.run()
+    finally:
+        updater.metrics.close()
+    logging.getLogger("embedgate.updater").info("updater stopped: offsets committed, group left")
+    return 0
+
+
+def _run_publish(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from schemas.deltas import DEFAULT_TOPIC
+    from schemas.manifest import Manifest, ManifestError
+
+    try:
+        manifest = Manifest.load(args.manifest)
+        spec = manifest.table(args.table)
+    except ManifestError as exc:
+        print(f"embedgate publish: {exc}", file=sys.stderr)
+        return 2
+    except KeyError:
+        print(f"embedgate publish: model {manifest.model_name!r} has no table {args.table!r}", file=sys.stderr)
+        return 2
+    values = None
+    try:
+        if args.ids is not None:
+            ids = np.asarray(args.ids, dtype=np.int64)
+            if not args.delete:
+                if (args.values is None) == (args.fill is None):
+                    raise ValueError("give exactly one of --values or --fill with --id (or --delete)")
+                if args.values is not None:
+                    row = np.asarray([float(x) for x in args.values.split(",")], dtype=np.float32)
+                else:
+                    row = np.full(spec.dim, args.fill, dtype=np.float32)
+                if row.size == spec.dim:
+                    values = np.tile(row, (len(ids), 1))
+                elif row.size == spec.dim * len(ids):
+                    values = row.reshape(len(ids), spec.dim)
+                else:
+                    raise ValueError(f"--values has {row.size} numbers; table {args.table!r} has dim {spec.dim}")
+        else:
+            from updater.producer import load_rows
+
+            ids, rows = load_rows(args.source, spec.dim)
+            values = None if args.delete else rows
+    except ValueError as exc:
+        print(f"embedgate publish: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_publish(args, manifest, ids, values, args.topic or DEFAULT_TOPIC))
+
+
+async def _publish(args: argparse.Namespace, manifest: Any, ids: Any, values: Any, topic: str) -> int:
+    from updater.producer import DeltaPublisher
+
+    async with DeltaPublisher(args.bootstrap, topic=topic, producer_id=args.producer_id, encoding=args.format) as pub:
+        result = await pub.publish(manifest, args.table, ids, values, delete=args.delete)
+    op = "deletes" if args.delete else "rows"
+    print(f"published {result.rows} {op} of {manifest.model_name}.{args.table} in {result.messages} messages "
+          f"to {topic} (rows per shard: {result.rows_per_shard})")
+    return 0

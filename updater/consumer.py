@@ -1,0 +1,458 @@
+"""The updater's loop: consume deltas, apply them to every PS replica, commit offsets only after the writes.
+
+:class:`Updater` composes an aiokafka consumer group member (``enable_auto_commit=False``), a dead-letter producer,
+a :class:`updater.apply.ShardWriter` and :class:`updater.metrics.UpdaterMetrics`. One iteration of :meth:`run`:
+
+1. **fetch** up to ``batch.max_rows`` rows, waiting at most ``batch.max_delay_ms`` once a record arrived;
+2. **decode + validate** every record (binary/JSON deltas on ``topics``, HPS records on ``hps_et.*``): invalid ones
+   are produced to the dead-letter topic with the reason in headers and count as done; HPS beacons are skipped;
+3. **group** valid rows per (model, shard, table), last value per id wins, in arrival order; a group whose key is
+   already waiting for a retry is appended to the waiting group (ordering per shard is kept);
+4. **apply** due groups concurrently, every replica of the shard; a retriable failure keeps the group waiting with
+   exponential backoff (``retry.*``) and **pauses** every partition it holds records of; a rejected write
+   dead-letters the group's messages (reason ``apply_rejected``);
+5. **commit**, per partition, the lowest offset still waiting (or the next offset when nothing waits), and resume
+   partitions with nothing waiting.
+
+Offsets are therefore committed only for records whose rows every replica acknowledged (or that were dead-lettered):
+at-least-once. Because rows are absolute and each shard's messages share one partition, replaying from the committed
+offset converges to the last published value per key. :meth:`stop` (SIGTERM) lets the iteration in flight finish,
+commits and leaves the group. A rebalance drops everything uncommitted; the new owner replays it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+
+from schemas.deltas import (
+    DeltaError,
+    EmbeddingDelta,
+    check_against_manifest,
+    decode_delta,
+    decode_hps,
+)
+from schemas.deployment import EmbeddingModel
+from schemas.manifest import Manifest, ManifestError
+from schemas.updater_settings import UpdaterSettings
+from updater.apply import GroupKey, ShardWriter
+from updater.batch import GroupBuffer, split_by_shard
+from updater.errors import ApplyError, ConfigError
+from updater.metrics import UpdaterMetrics
+
+__all__ = ["Updater", "load_models"]
+
+log = logging.getLogger("embedgate.updater")
+
+_HPS_RE = re.compile(r"^hps_et\.")
+
+
+@dataclass(frozen=True)
+class _Route:
+    config: EmbeddingModel
+    manifest: Manifest
+
+
+def load_models(models: Sequence[EmbeddingModel]) -> dict[str, _Route]:
+    """Read each model's manifest and check its shard list matches the manifest's partition; ConfigError if not."""
+    routes: dict[str, _Route] = {}
+    for m in models:
+        try:
+            manifest = Manifest.load(m.manifest)
+        except ManifestError as exc:
+            raise ConfigError(f"model {m.name!r}: {exc}") from exc
+        if manifest.model_name != m.name:
+            raise ConfigError(f"model {m.name!r}: manifest {m.manifest} describes model {manifest.model_name!r}")
+        if len(m.shards) != manifest.num_shards:
+            raise ConfigError(
+                f"model {m.name!r}: {len(m.shards)} shards configured, the manifest has {manifest.num_shards}"
+            )
+        routes[m.name] = _Route(m, manifest)
+    return routes
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, updater: Updater) -> None:
+        self._updater = updater
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._updater._on_revoked(list(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        log.info("assigned partitions: %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
+        await self._updater._on_assigned(list(assigned))
+
+
+class Updater:
+    """One updater process's consumer loop. Call :meth:`run` once (it owns start and stop of every client);
+    :meth:`stop` may be called from a signal handler in the same loop. Not reusable after run returns."""
+
+    def __init__(self, settings: UpdaterSettings, *, metrics: UpdaterMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or UpdaterMetrics()
+        self._routes = load_models(settings.embedding_models)
+        self._writer = ShardWriter(
+            [r.config for r in self._routes.values()],
+            deadline_s=settings.apply_deadline_s,
+            max_rows_per_call=settings.batch.max_rows_per_call,
+        )
+        self._stop = asyncio.Event()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._dlq: AIOKafkaProducer | None = None
+        self._waiting: dict[GroupKey, GroupBuffer] = {}
+        self._seen: dict[TopicPartition, int] = {}  # next offset after the last record returned per partition
+        self._committed: dict[TopicPartition, int] = {}
+        self._paused: set[TopicPartition] = set()
+        self._generation = 0
+        self.ready = asyncio.Event()
+
+    # -- life cycle -------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask :meth:`run` to finish the iteration in flight, commit and leave the group."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        s = self.settings
+        if s.create_topics:
+            await self._ensure_topics()
+        self._dlq = AIOKafkaProducer(
+            bootstrap_servers=s.bootstrap_servers,
+            client_id=f"{s.client_id}-dlq",
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=5,
+        )
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.bootstrap_servers,
+            group_id=s.group_id,
+            client_id=s.client_id,
+            enable_auto_commit=False,
+            auto_offset_reset=s.auto_offset_reset,
+            session_timeout_ms=s.session_timeout_ms,
+            heartbeat_interval_ms=s.heartbeat_interval_ms,
+            metadata_max_age_ms=s.metadata_max_age_ms,
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+            fetch_max_bytes=32 * 1024 * 1024,
+        )
+        await self._dlq.start()
+        try:
+            await self._consumer.start()
+            try:
+                listener = _Listener(self)
+                if s.hps_topic_pattern:
+                    parts = [re.escape(t) for t in s.topics] + [f"(?:{s.hps_topic_pattern})"]
+                    self._consumer.subscribe(pattern=f"^(?:{'|'.join(parts)})$", listener=listener)
+                else:
+                    self._consumer.subscribe(topics=list(s.topics), listener=listener)
+                self.ready.set()
+                await self._loop()
+                await self._commit()
+            finally:
+                await self._consumer.stop()  # leaves the group
+        finally:
+            await self._dlq.stop()
+            await self._writer.close()
+
+    async def _ensure_topics(self) -> None:
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+        from aiokafka.errors import TopicAlreadyExistsError
+
+        s = self.settings
+        admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap_servers, client_id=f"{s.client_id}-admin")
+        await admin.start()
+        try:
+            existing = set(await admin.list_topics())
+            wanted = [t for t in [*s.topics, s.dead_letter_topic] if t not in existing]
+            if wanted:
+                try:
+                    await admin.create_topics(
+                        [NewTopic(t, num_partitions=s.topic_partitions, replication_factor=1) for t in wanted]
+                    )
+                except TopicAlreadyExistsError:
+                    pass
+                log.info("created topics %s", wanted)
+        finally:
+            await admin.close()
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        assert self._consumer is not None
+        while not self._stop.is_set():
+            generation = self._generation
+            records = await self._fetch()
+            if generation != self._generation:
+                self._rewind(records)  # a rebalance happened while fetching: read them again
+                continue
+            fresh = await self._ingest(records)
+            await self._apply_due(fresh, generation)
+            if generation != self._generation:
+                continue
+            await self._commit()
+            self._update_pauses()
+            self._update_lag()
+
+    def _fetch_timeout_s(self) -> float:
+        timeout = 0.2
+        if self._waiting:
+            next_try = min(b.next_try for b in self._waiting.values())
+            timeout = min(timeout, max(0.0, next_try - time.monotonic()))
+        return timeout
+
+    async def _fetch(self) -> list[Any]:
+        """Records in partition order; waits up to ``batch.max_delay_ms`` after the first one for more."""
+        assert self._consumer is not None
+        s = self.settings.batch
+        out: list[Any] = []
+        rows = 0
+        deadline: float | None = None
+        for _ in range(1000):  # bounded: each pass either waits or gathers records
+            if deadline is None:
+                timeout = self._fetch_timeout_s()
+            else:
+                timeout = max(0.0, deadline - time.monotonic())
+            got = await self._consumer.getmany(timeout_ms=int(timeout * 1000), max_records=max(1, s.max_rows - rows))
+            for tp, recs in got.items():
+                for r in recs:
+                    out.append(r)
+                    rows += 1
+                if recs:
+                    self._seen[tp] = recs[-1].offset + 1
+            if not out or rows >= s.max_rows or self._stop.is_set():
+                break
+            if deadline is None:
+                deadline = time.monotonic() + s.max_delay_ms / 1000
+            if time.monotonic() >= deadline:
+                break
+        return out
+
+    async def _ingest(self, records: list[Any]) -> dict[GroupKey, GroupBuffer]:
+        """Decode, validate, route; dead-letter invalid records; return the new groups not already waiting."""
+        fresh: dict[GroupKey, GroupBuffer] = {}
+        dead: list[tuple[Any, DeltaError]] = []
+        for rec in records:
+            try:
+                delta = self._decode(rec)
+            except DeltaError as exc:
+                dead.append((rec, exc))
+                continue
+            if delta is None:
+                continue
+            route = self._routes[delta.model]
+            for shard, ids, values in split_by_shard(delta, route.manifest.num_shards):
+                key = GroupKey(delta.model, shard, delta.table)
+                buf = fresh.get(key)
+                if buf is None:
+                    buf = fresh[key] = GroupBuffer(key=key, dim=route.manifest.table(delta.table).dim)
+                buf.add(ids, values, delta.timestamp_ms, rec)
+        if dead:
+            await self._dead_letter(dead)
+        ready: dict[GroupKey, GroupBuffer] = {}
+        for key, buf in fresh.items():
+            if key in self._waiting:
+                self._waiting[key].absorb(buf)  # keep per-shard order behind the waiting rows
+            else:
+                ready[key] = buf
+        return ready
+
+    def _decode(self, rec: Any) -> EmbeddingDelta | None:
+        if _HPS_RE.match(rec.topic):
+            delta = decode_hps(rec.topic, rec.value, key=rec.key, timestamp_ms=rec.timestamp, sequence=rec.offset)
+            if delta is None:
+                self.metrics.messages.labels("beacon").inc()
+                return None
+            kind = "hps"
+        else:
+            delta = decode_delta(rec.value)
+            kind = "delta"
+        route = self._routes.get(delta.model)
+        if route is None:
+            raise DeltaError("unknown_model", f"unknown model {delta.model!r} (configured: {sorted(self._routes)})")
+        check_against_manifest(delta, route.manifest)
+        self.metrics.messages.labels(kind).inc()
+        return delta
+
+    async def _dead_letter(self, dead: list[tuple[Any, DeltaError]]) -> None:
+        """Produce each record to the dead-letter topic with the reason; returns once the broker acknowledged all."""
+        assert self._dlq is not None
+        futures = []
+        for rec, exc in dead:
+            self.metrics.messages.labels("invalid").inc()
+            log.warning("dead-letter %s[%d]@%d: %s: %s", rec.topic, rec.partition, rec.offset, exc.reason, exc)
+            headers = [
+                ("embedgate.reason", exc.reason.encode()),
+                ("embedgate.error", str(exc).encode("utf-8", "replace")[:4000]),
+                ("embedgate.topic", rec.topic.encode()),
+                ("embedgate.partition", str(rec.partition).encode()),
+                ("embedgate.offset", str(rec.offset).encode()),
+            ]
+            futures.append(
+                await self._dlq.send(self.settings.dead_letter_topic, value=rec.value, key=rec.key, headers=headers)
+            )
+        await asyncio.gather(*futures)
+        for _, exc in dead:
+            self.metrics.dead_letters.labels(exc.reason).inc()
+
+    async def _apply_due(self, fresh: dict[GroupKey, GroupBuffer], generation: int) -> None:
+        now = time.monotonic()
+        due = list(fresh.values()) + [b for b in self._waiting.values() if b.next_try <= now]
+        if not due:
+            return
+        results = await asyncio.gather(*(self._apply_one(b) for b in due))
+        if generation != self._generation:
+            return  # partitions were revoked meanwhile: the new owner replays everything uncommitted
+        rejected: list[tuple[Any, DeltaError]] = []
+        for buf, err in zip(due, results, strict=True):
+            if err is None:
+                self._waiting.pop(buf.key, None)
+            elif err.retriable:
+                buf.attempts += 1
+                r = self.settings.retry
+                backoff = min(r.max_backoff_ms, r.min_backoff_ms * 2 ** min(buf.attempts - 1, 30)) / 1000
+                buf.next_try = time.monotonic() + backoff * (0.75 + 0.5 * random.random())
+                if buf.key not in self._waiting:
+                    self._waiting[buf.key] = buf
+                if buf.attempts == 1 or buf.attempts % 10 == 0:
+                    log.warning("shard write failed (attempt %d, %d rows waiting): %s", buf.attempts, buf.rows, err)
+            else:
+                self._waiting.pop(buf.key, None)
+                log.error("shard write rejected, dead-lettering %d messages: %s", len(buf.records), err)
+                reason = DeltaError("apply_rejected", str(err))
+                rejected.extend((rec, reason) for rec in _unique_records(buf.records))
+        if rejected:
+            await self._dead_letter(rejected)
+
+    async def _apply_one(self, buf: GroupBuffer) -> ApplyError | None:
+        group = buf.build()
+        model = buf.key.model
+        t0 = time.perf_counter()
+        try:
+            await self._writer.apply(group)
+        except ApplyError as exc:
+            self.metrics.apply_failures.labels(model, str(buf.key.shard), str(exc.retriable).lower()).inc()
+            return exc
+        self.metrics.apply_latency.labels(model).observe(time.perf_counter() - t0)
+        if len(group.upsert_ids):
+            self.metrics.rows_applied.labels(model, buf.key.table, "upsert").inc(len(group.upsert_ids))
+        if len(group.delete_ids):
+            self.metrics.rows_applied.labels(model, buf.key.table, "delete").inc(len(group.delete_ids))
+        now_ms = time.time() * 1000
+        for ts in buf.timestamps_ms:
+            if ts > 0:
+                self.metrics.freshness.labels(model).observe(max(0.0, (now_ms - ts) / 1000))
+        return None
+
+    # -- offsets ----------------------------------------------------------------------------------------------
+    def _safe_offsets(self) -> dict[TopicPartition, int]:
+        safe = dict(self._seen)
+        for buf in self._waiting.values():
+            for rec in buf.records:
+                tp = TopicPartition(rec.topic, rec.partition)
+                if rec.offset < safe.get(tp, rec.offset + 1):
+                    safe[tp] = rec.offset
+        return safe
+
+    async def _commit(self) -> None:
+        assert self._consumer is not None
+        assigned = self._consumer.assignment()
+        offsets = {
+            tp: off for tp, off in self._safe_offsets().items() if tp in assigned and self._committed.get(tp) != off
+        }
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            log.warning("commit failed (%s); uncommitted records will be redelivered", exc)
+            self._reset_state()
+            return
+        except KafkaError as exc:
+            log.warning("commit failed (%s); will retry on the next iteration", exc)
+            return
+        self._committed.update(offsets)
+        self.metrics.commits.inc()
+
+    def _update_pauses(self) -> None:
+        assert self._consumer is not None
+        assigned = self._consumer.assignment()
+        want: set[TopicPartition] = set()
+        for buf in self._waiting.values():
+            for rec in buf.records:
+                want.add(TopicPartition(rec.topic, rec.partition))
+        want &= assigned
+        if to_pause := want - self._paused:
+            self._consumer.pause(*to_pause)
+            log.info("paused %s while a shard is unavailable", sorted(f"{t.topic}[{t.partition}]" for t in to_pause))
+        if to_resume := (self._paused - want) & assigned:
+            self._consumer.resume(*to_resume)
+            log.info("resumed %s", sorted(f"{t.topic}[{t.partition}]" for t in to_resume))
+        self._paused = want
+        self.metrics.paused_partitions.set(len(want))
+
+    def _update_lag(self) -> None:
+        assert self._consumer is not None
+        for tp in self._consumer.assignment():
+            high = self._consumer.highwater(tp)
+            pos = self._seen.get(tp)
+            if high is not None and pos is not None:
+                self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(0, high - pos))
+
+    def _rewind(self, records: list[Any]) -> None:
+        """Seek every still-assigned partition back to the first of ``records`` (they were not processed)."""
+        assert self._consumer is not None
+        first: dict[TopicPartition, int] = {}
+        for rec in records:
+            tp = TopicPartition(rec.topic, rec.partition)
+            first[tp] = min(first.get(tp, rec.offset), rec.offset)
+        assigned = self._consumer.assignment()
+        for tp, offset in first.items():
+            self._seen.pop(tp, None)
+            if tp in assigned:
+                self._consumer.seek(tp, offset)
+
+    def _reset_state(self) -> None:
+        self._generation += 1
+        self._waiting.clear()
+        self._seen.clear()
+        self._committed.clear()
+        self._paused.clear()
+        self.metrics.paused_partitions.set(0)
+
+    async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
+        # Nothing is committed here: records may be mid-write in the loop. Everything uncommitted is replayed.
+        if not revoked:
+            return
+        log.info("partitions revoked: %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in revoked))
+        self._reset_state()
+
+    async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
+        """Start every assigned partition at its committed offset, so rows dropped by a rebalance are replayed."""
+        assert self._consumer is not None
+        for tp in assigned:
+            try:
+                committed = await self._consumer.committed(tp)
+            except KafkaError as exc:  # the default position (committed or reset policy) still applies
+                log.warning("cannot read committed offset of %s[%d]: %s", tp.topic, tp.partition, exc)
+                continue
+            if committed is not None:
+                self._consumer.seek(tp, committed)
+                self._committed[tp] = committed
+
+
+def _unique_records(records: list[Any]) -> list[Any]:
+    seen: set[tuple[str, int, int]] = set()
+    out = []
+    for r in records:
+        k = (r.topic, r.partition, r.offset)
+        if k not in seen:
+            seen.add(k)
+            out.append(r)
+    return out

@@ -1,0 +1,70 @@
+"""Prometheus collectors of the updater (prefix ``embedgate_updater_``), on their own registry.
+
+===============================================  =========  =================================================
+metric                                           type       labels / meaning
+===============================================  =========  =================================================
+``embedgate_updater_consumer_lag``               gauge      topic, partition: high watermark - next offset
+``embedgate_updater_rows_applied_total``         counter    model, table, op: rows acknowledged by every replica
+``embedgate_updater_apply_latency_seconds``      histogram  model: one group written to all replicas
+``embedgate_updater_freshness_seconds``          histogram  model: producer timestamp -> applied on all replicas
+``embedgate_updater_dead_letters_total``         counter    reason: messages sent to the dead-letter topic
+``embedgate_updater_apply_failures_total``       counter    model, shard, retriable: failed group writes
+``embedgate_updater_paused_partitions``          gauge      partitions paused while a shard is down
+``embedgate_updater_messages_total``             counter    kind (delta, hps, beacon, invalid)
+``embedgate_updater_commits_total``              counter    offset commits after acknowledged writes
+===============================================  =========  =================================================
+
+Rows per second = ``rate(embedgate_updater_rows_applied_total[1m])``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["UpdaterMetrics"]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_FRESHNESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+
+
+class UpdaterMetrics:
+    """The collectors, registered on ``registry`` (a fresh one by default, so several updaters can share a process)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        p = "embedgate_updater_"
+        self.lag = Gauge(p + "consumer_lag", "High watermark minus next offset", ["topic", "partition"], registry=r)
+        self.rows_applied = Counter(
+            p + "rows_applied", "Rows acknowledged by every replica", ["model", "table", "op"], registry=r
+        )
+        self.apply_latency = Histogram(
+            p + "apply_latency_seconds", "Write of one group to all replicas", ["model"], buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.freshness = Histogram(
+            p + "freshness_seconds", "Producer timestamp to applied on all replicas", ["model"],
+            buckets=_FRESHNESS_BUCKETS, registry=r,
+        )
+        self.dead_letters = Counter(p + "dead_letters", "Messages sent to the dead-letter topic", ["reason"], registry=r)
+        self.apply_failures = Counter(
+            p + "apply_failures", "Failed group writes", ["model", "shard", "retriable"], registry=r
+        )
+        self.paused_partitions = Gauge(p + "paused_partitions", "Partitions paused while a shard is down", registry=r)
+        self.messages = Counter(p + "messages", "Kafka messages consumed", ["kind"], registry=r)
+        self.commits = Counter(p + "commits", "Offset commits", registry=r)
+        self._server: Any = None
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve /metrics on ``host:port`` in a daemon thread; returns the bound port (0 = pick one)."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        return int(server.server_address[1])
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,194 @@
+"""Trainer-side publisher of absolute embedding rows (:class:`DeltaPublisher`) and row sources for ``publish``.
+
+Rows are split by PS shard (:func:`schemas.partition.shard_for` with the manifest's shard count); every message is
+keyed ``b"<model>/<shard>"`` so one shard's messages land, in order, in one partition; large batches are chunked
+into messages of at most ``max_rows_per_message`` rows (and about ``max_message_bytes``). The aiokafka producer is
+idempotent (``enable_idempotence=True``, ``acks="all"``) and batches with ``linger_ms``. ``sequence`` counts
+messages per shard for this publisher. Use as ``async with DeltaPublisher(...) as pub: await pub.publish(...)``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from aiokafka import AIOKafkaProducer
+
+from schemas.deltas import DEFAULT_TOPIC, DeltaOp, EmbeddingDelta, encode_delta, encode_delta_json
+from schemas.manifest import Manifest
+from schemas.partition import shard_for
+
+__all__ = ["DeltaPublisher", "PublishResult", "load_rows", "message_key"]
+
+Encoding = Literal["binary", "json"]
+
+
+def message_key(model: str, shard: int) -> bytes:
+    """The Kafka key of every message for ``shard`` of ``model``: keeps the shard's messages in one partition."""
+    return f"{model}/{shard}".encode()
+
+
+class PublishResult:
+    """What :meth:`DeltaPublisher.publish` sent: messages and rows per shard."""
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self.rows_per_shard: dict[int, int] = {}
+
+    @property
+    def rows(self) -> int:
+        return sum(self.rows_per_shard.values())
+
+    def __repr__(self) -> str:
+        return f"PublishResult(messages={self.messages}, rows_per_shard={self.rows_per_shard})"
+
+
+class DeltaPublisher:
+    """Publishes deltas for models described by manifests. One instance per producer process; task-safe."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        topic: str = DEFAULT_TOPIC,
+        producer_id: str | None = None,
+        linger_ms: int = 10,
+        max_rows_per_message: int = 4096,
+        max_message_bytes: int = 900_000,
+        encoding: Encoding = "binary",
+    ) -> None:
+        self.topic = topic
+        self.producer_id = producer_id or f"publisher-{uuid.uuid4().hex[:8]}"
+        self._max_rows = max_rows_per_message
+        self._max_bytes = max_message_bytes
+        self._encode = encode_delta if encoding == "binary" else encode_delta_json
+        self._sequence: dict[tuple[str, int], int] = {}
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap_servers,
+            client_id=self.producer_id,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=linger_ms,
+            max_batch_size=1024 * 1024,
+            max_request_size=8 * 1024 * 1024,
+        )
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def __aenter__(self) -> DeltaPublisher:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    def _next_sequence(self, model: str, shard: int) -> int:
+        seq = self._sequence.get((model, shard), 0)
+        self._sequence[(model, shard)] = seq + 1
+        return seq
+
+    async def publish(
+        self,
+        manifest: Manifest,
+        table: str,
+        ids: npt.ArrayLike,
+        values: npt.ArrayLike | None = None,
+        *,
+        delete: bool = False,
+        timestamp_ms: int | None = None,
+    ) -> PublishResult:
+        """Publish absolute rows (``values`` float32 [n, dim]) or deletes of ``ids``; returns once the broker
+        acknowledged every message. Validates table and dim against ``manifest`` first (ValueError)."""
+        spec = manifest.table(table) if table in {t.name for t in manifest.tables} else None
+        if spec is None:
+            raise ValueError(f"model {manifest.model_name!r} has no table {table!r}")
+        id_arr = np.atleast_1d(np.asarray(ids, dtype=np.int64))
+        val_arr: npt.NDArray[np.float32] | None = None
+        if delete:
+            if values is not None:
+                raise ValueError("a delete takes no values")
+        else:
+            if values is None:
+                raise ValueError("an upsert needs values")
+            val_arr = np.asarray(values, dtype=np.float32).reshape(len(id_arr), -1)
+            if val_arr.shape[1] != spec.dim:
+                raise ValueError(f"table {table!r} has dim {spec.dim}, the values have {val_arr.shape[1]} columns")
+        ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        row_bytes = 8 + 4 * (0 if val_arr is None else spec.dim)
+        chunk = max(1, min(self._max_rows, self._max_bytes // row_bytes))
+        shards = shard_for(id_arr, manifest.num_shards)
+        result = PublishResult()
+        futures = []
+        for s in np.unique(shards):
+            mask = shards == s
+            s_ids = id_arr[mask]
+            s_vals = None if val_arr is None else val_arr[mask]
+            shard = int(s)
+            for start in range(0, len(s_ids), chunk):
+                delta = EmbeddingDelta(
+                    model=manifest.model_name,
+                    table=table,
+                    op=DeltaOp.DELETE if delete else DeltaOp.UPSERT,
+                    ids=s_ids[start : start + chunk],
+                    values=None if s_vals is None else s_vals[start : start + chunk],
+                    timestamp_ms=ts,
+                    sequence=self._next_sequence(manifest.model_name, shard),
+                    producer=self.producer_id,
+                )
+                futures.append(
+                    await self._producer.send(self.topic, value=self._encode(delta), key=message_key(delta.model, shard))
+                )
+                result.messages += 1
+            result.rows_per_shard[shard] = result.rows_per_shard.get(shard, 0) + len(s_ids)
+        for fut in futures:
+            await fut
+        return result
+
+    async def send_raw(self, topic: str, value: bytes | None, key: bytes | None = None) -> None:
+        """Send pre-encoded bytes (HPS messages, tests); returns once acknowledged."""
+        await self._producer.send_and_wait(topic, value=value, key=key)
+
+
+def load_rows(path: Path, dim: int | None = None) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """Rows from an HPS table directory (``key`` int64 LE + ``emb_vector`` float32 LE files), a ``.npz`` with
+    ``ids``/``values`` (or ``keys``/``emb_vector``) arrays, or a ``.npy`` of values (ids 0..n-1 then; pass ids
+    separately instead when they differ). ``dim`` is needed to shape raw HPS vectors; errors name the file."""
+    if path.is_dir():
+        key_file, vec_file = path / "key", path / "emb_vector"
+        if not key_file.is_file() or not vec_file.is_file():
+            raise ValueError(f"{path}: an HPS table directory needs files 'key' and 'emb_vector'")
+        ids = np.fromfile(key_file, dtype="<i8")
+        vecs = np.fromfile(vec_file, dtype="<f4")
+        if dim is None:
+            if len(ids) == 0 or vecs.size % len(ids):
+                raise ValueError(f"{path}: {vecs.size} floats do not split into {len(ids)} rows")
+            dim = vecs.size // len(ids)
+        if vecs.size != len(ids) * dim:
+            raise ValueError(f"{vec_file}: {vecs.size} floats, expected {len(ids)} keys x dim {dim}")
+        return ids, vecs.reshape(len(ids), dim)
+    if path.suffix == ".npz":
+        with np.load(path) as data:
+            names = set(data.files)
+            for id_name, val_name in (("ids", "values"), ("keys", "emb_vector"), ("key", "emb_vector")):
+                if id_name in names and val_name in names:
+                    ids = np.asarray(data[id_name], dtype=np.int64).reshape(-1)
+                    vals = np.asarray(data[val_name], dtype=np.float32)
+                    return ids, vals.reshape(len(ids), -1)
+        raise ValueError(f"{path}: expected arrays 'ids' and 'values' (or 'keys' and 'emb_vector'), got {sorted(names)}")
+    if path.suffix == ".npy":
+        vals = np.asarray(np.load(path), dtype=np.float32)
+        if vals.ndim != 2:
+            raise ValueError(f"{path}: expected a 2-D [n, dim] array, got shape {vals.shape}")
+        return np.arange(len(vals), dtype=np.int64), vals
+    raise ValueError(f"{path}: not an HPS table directory, .npz or .npy file")
