@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     layer = model.get_layer("t")
     layer.embeddings.assign(np.random.default_rng(0).normal(size=(rows, args.dim)).astype(np.float32))
     decl = Declaration.model_validate(
-        {"model_name": "bench", "sparse": [{"name": "f", "input": "t_ids_in", "table": "t", "pooled": "t_vec"}]}
+        {
+            "model_name": "bench",
+            "sparse": [{"name": "f", "input": "t_ids_in", "table": "t", "pooled": "t_vec"}],
+        }
     )
     with tempfile.TemporaryDirectory(prefix="export-bench-") as tmp:
         t0 = time.perf_counter()
@@ -79,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         size = sum(p.stat().st_size for p in Path(result.model_dir).rglob("*") if p.is_file())
         shard_dirs = [str(result.model_dir / f"ps_{i}" / "1") for i in range(args.shards)]
         out = subprocess.run(
-            [sys.executable, "-c", _CHILD, *shard_dirs], capture_output=True, text=True, timeout=600, check=True
+            [sys.executable, "-c", _CHILD, *shard_dirs],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
         )
     child = json.loads(out.stdout.strip().splitlines()[-1])
     assert child["rows"] == rows, child
@@ -90,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     cmd = f"python -m benchmarks.export_bench --rows {rows} --dim {args.dim} --shards {args.shards}"
     print(f"command: {cmd}")
     print(f"cpus: {os.cpu_count()}  rows: {rows}  dim: {args.dim}  shards: {args.shards}")
-    print(f"export time: {seconds:.1f} s total, {seconds * per_m:.1f} s per million rows; artifact {size / 1e6:.0f} MB")
+    print(
+        f"export time: {seconds:.1f} s total, {seconds * per_m:.1f} s per million rows; artifact {size / 1e6:.0f} MB"
+    )
     print(
         f"PS resident memory (TF1 loader, all shards): {rss_mb:.0f} MB per million rows; raw numpy "
         f"{raw_vec_mb:.0f} MB vectors ({raw_mb:.0f} MB with int64 keys); ratio {rss_mb / raw_vec_mb:.2f}x "

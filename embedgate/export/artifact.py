@@ -67,7 +67,9 @@ def import_tables(
         try:
             spec = manifest.table(name)
         except KeyError:
-            raise ArtifactError(f"{md}: no table {name!r} (tables: {[t.name for t in manifest.tables]})") from None
+            raise ArtifactError(
+                f"{md}: no table {name!r} (tables: {[t.name for t in manifest.tables]})"
+            ) from None
         if isinstance(given, (str, Path)):
             keys, vecs = read_table(given)
             if vecs.shape[1] != spec.dim:

@@ -11,19 +11,30 @@ __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("export", help="export a Keras model as entry + sharded PS SavedModels + manifest")
+    p = subparsers.add_parser(
+        "export", help="export a Keras model as entry + sharded PS SavedModels + manifest"
+    )
     p.add_argument("--model", required=True, type=Path, help="trained Keras model (.keras file)")
-    p.add_argument("--declaration", required=True, type=Path, help="YAML declaration of sparse and dense inputs")
+    p.add_argument(
+        "--declaration", required=True, type=Path, help="YAML declaration of sparse and dense inputs"
+    )
     p.add_argument("--out", required=True, type=Path, help="output root; writes <out>/<model_name>/")
     p.add_argument("--shards", type=int, default=2, help="number of PS shards (default 2)")
     p.add_argument("--version", type=int, default=None, help="version number (default: next)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing version")
-    p.add_argument("--table", action="append", default=[], metavar="NAME=DIR",
-                   help="serve table NAME from an HPS directory instead of the Embedding weights (repeatable)")
+    p.add_argument(
+        "--table",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="serve table NAME from an HPS directory instead of the Embedding weights (repeatable)",
+    )
     p.set_defaults(func=_export)
 
     p = subparsers.add_parser("demo-model", help="train and export the demo CTR model")
-    p.add_argument("--out", required=True, type=Path, help="output root; writes <out>/<name>/ and <out>/<name>.keras")
+    p.add_argument(
+        "--out", required=True, type=Path, help="output root; writes <out>/<name>/ and <out>/<name>.keras"
+    )
     p.add_argument("--name", default="demo")
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--vocab", type=int, default=100_000, help="ids in the user and item tables")
@@ -49,8 +60,14 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser("placement", help="TF Serving model config for one host from layout filters")
     p.add_argument("--model-dir", required=True, type=Path)
-    p.add_argument("--filter", action="append", required=True, dest="filters", metavar="'PATTERN; EXPR'",
-                   help="e.g. 'entry; True' or 'ps_{i}; i %% 2 == 1' (repeatable; any match selects)")
+    p.add_argument(
+        "--filter",
+        action="append",
+        required=True,
+        dest="filters",
+        metavar="'PATTERN; EXPR'",
+        help="e.g. 'entry; True' or 'ps_{i}; i %% 2 == 1' (repeatable; any match selects)",
+    )
     p.add_argument("--name-prefix", default=None, help="served-name prefix (default: the model name)")
     p.add_argument("--base-path-root", default=None, help="directory holding the model dir on the host")
     p.add_argument("--out", type=Path, default=None, help="write here (default: stdout)")
@@ -83,12 +100,21 @@ def _export(args: argparse.Namespace) -> int:
     from embedgate.export.exporter import export_model
 
     try:
-        r = export_model(args.model, args.declaration, args.out, num_shards=args.shards, version=args.version,
-                         overwrite=args.overwrite, tables=_pairs(args.table))
+        r = export_model(
+            args.model,
+            args.declaration,
+            args.out,
+            num_shards=args.shards,
+            version=args.version,
+            overwrite=args.overwrite,
+            tables=_pairs(args.table),
+        )
     except ValueError as exc:
         return _fail(exc)
-    print(f"exported {r.model_dir} version {r.version}: entry + {r.manifest.num_shards} PS shards, "
-          f"tables {', '.join(f'{t.name}({t.rows}x{t.dim})' for t in r.manifest.tables)}")
+    print(
+        f"exported {r.model_dir} version {r.version}: entry + {r.manifest.num_shards} PS shards, "
+        f"tables {', '.join(f'{t.name}({t.rows}x{t.dim})' for t in r.manifest.tables)}"
+    )
     return 0
 
 
@@ -96,10 +122,19 @@ def _demo(args: argparse.Namespace) -> int:
     _quiet_tf()
     from embedgate.export.demo import build_demo
 
-    a = build_demo(args.out, model_name=args.name, num_shards=args.shards, vocab=args.vocab, train_steps=args.steps,
-                   seed=args.seed, small=args.small)
-    print(f"demo model at {a.model_dir} (version {a.manifest.version}); held-out AUC {a.auc:.3f}; "
-          f"built in {a.seconds:.1f} s; Keras model {a.keras_path}; request body {a.model_dir / 'example_request.json'}")
+    a = build_demo(
+        args.out,
+        model_name=args.name,
+        num_shards=args.shards,
+        vocab=args.vocab,
+        train_steps=args.steps,
+        seed=args.seed,
+        small=args.small,
+    )
+    print(
+        f"demo model at {a.model_dir} (version {a.manifest.version}); held-out AUC {a.auc:.3f}; "
+        f"built in {a.seconds:.1f} s; Keras model {a.keras_path}; request body {a.model_dir / 'example_request.json'}"
+    )
     return 0
 
 
@@ -132,8 +167,11 @@ def _placement(args: argparse.Namespace) -> int:
     from embedgate.export.placement import model_config, select
 
     try:
-        text = model_config(select(args.model_dir, args.filters, name_prefix=args.name_prefix,
-                                   base_path_root=args.base_path_root))
+        text = model_config(
+            select(
+                args.model_dir, args.filters, name_prefix=args.name_prefix, base_path_root=args.base_path_root
+            )
+        )
     except ValueError as exc:
         return _fail(exc)
     if args.out is None:

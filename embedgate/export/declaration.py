@@ -48,7 +48,9 @@ class SparseDecl(_Strict):
     table: Name = Field(description="name of the keras.layers.Embedding layer holding the table")
     kind: FeatureKind = FeatureKind.SINGLE
     combiner: Combiner = Combiner.SUM
-    weights: Name | None = Field(None, description="Keras input of per-id float weights [B, L] (0 on padding)")
+    weights: Name | None = Field(
+        None, description="Keras input of per-id float weights [B, L] (0 on padding)"
+    )
     mask: str | None = Field(None, description="Keras-only 0/1 padding mask input [B, L] (multi, no weights)")
     max_ids: int | None = Field(None, gt=0)
     pooled: str = Field(description="layer whose output is this feature's pooled [B, dim] embedding")
@@ -87,9 +89,11 @@ class Declaration(_Strict):
         if not self.sparse:
             raise ValueError("no sparse feature declared: an embedding model needs at least one")
         seen: set[str] = set()
-        for n in [f.name for f in self.sparse] + [f.name for f in self.dense] + [
-            f.weights for f in self.sparse if f.weights
-        ]:
+        for n in (
+            [f.name for f in self.sparse]
+            + [f.name for f in self.dense]
+            + [f.weights for f in self.sparse if f.weights]
+        ):
             if n in seen:
                 raise ValueError(f"input name {n!r} is used by more than one feature")
             seen.add(n)

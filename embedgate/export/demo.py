@@ -45,9 +45,23 @@ __all__ = ["DemoArtifacts", "build_demo", "demo_declaration", "make_examples"]
 DIM = 16
 HISTORY_LEN = 10
 TAGS_LEN = 8
-_SMALL_TABLES = {"cat_emb": 1000, "brand_emb": 5000, "city_emb": 500, "device_emb": 20, "hour_emb": 24, "tag_emb": 2000}
-_SINGLE = {"user_id": "user_emb", "item_id": "item_emb", "category": "cat_emb", "brand": "brand_emb",
-           "city": "city_emb", "device": "device_emb", "hour": "hour_emb"}
+_SMALL_TABLES = {
+    "cat_emb": 1000,
+    "brand_emb": 5000,
+    "city_emb": 500,
+    "device_emb": 20,
+    "hour_emb": 24,
+    "tag_emb": 2000,
+}
+_SINGLE = {
+    "user_id": "user_emb",
+    "item_id": "item_emb",
+    "category": "cat_emb",
+    "brand": "brand_emb",
+    "city": "city_emb",
+    "device": "device_emb",
+    "hour": "hour_emb",
+}
 
 
 @dataclass(frozen=True)
@@ -70,15 +84,32 @@ class DemoArtifacts:
 def demo_declaration(model_name: str = "demo") -> Declaration:
     sparse: list[dict[str, Any]] = [{"name": f, "table": t, "pooled": f"{f}_vec"} for f, t in _SINGLE.items()]
     sparse += [
-        {"name": "history", "table": "item_emb", "kind": "multi", "combiner": "mean", "mask": "history_mask",
-         "max_ids": HISTORY_LEN, "pooled": "history_vec"},
-        {"name": "tags", "table": "tag_emb", "kind": "multi", "combiner": "sqrtn", "weights": "tags_weights",
-         "max_ids": TAGS_LEN, "pooled": "tags_vec"},
+        {
+            "name": "history",
+            "table": "item_emb",
+            "kind": "multi",
+            "combiner": "mean",
+            "mask": "history_mask",
+            "max_ids": HISTORY_LEN,
+            "pooled": "history_vec",
+        },
+        {
+            "name": "tags",
+            "table": "tag_emb",
+            "kind": "multi",
+            "combiner": "sqrtn",
+            "weights": "tags_weights",
+            "max_ids": TAGS_LEN,
+            "pooled": "tags_vec",
+        },
     ]
-    return Declaration.model_validate({
-        "model_name": model_name, "sparse": sparse,
-        "dense": [{"name": "price", "dim": 1}, {"name": "user_stats", "dim": 4}],
-    })
+    return Declaration.model_validate(
+        {
+            "model_name": model_name,
+            "sparse": sparse,
+            "dense": [{"name": "price", "dim": 1}, {"name": "user_stats", "dim": 4}],
+        }
+    )
 
 
 def _vocab(table: str, vocab: int) -> int:
@@ -108,22 +139,36 @@ def make_examples(n: int, vocab: int, seed: int) -> tuple[list[dict[str, Any]], 
     hist_len = rng.integers(0, HISTORY_LEN + 1, n)
     tag_len = rng.integers(0, TAGS_LEN + 1, n)
     logit = (
-        1.6 * (_group(user) == _group(item)) - 1.0 - 1.5 * (price - 0.5) + 0.7 * (device % 3 == 0)
-        + 0.6 * (hour >= 18) + 0.4 * stats[:, 0]
+        1.6 * (_group(user) == _group(item))
+        - 1.0
+        - 1.5 * (price - 0.5)
+        + 0.7 * (device % 3 == 0)
+        + 0.6 * (hour >= 18)
+        + 0.4 * stats[:, 0]
     )
     instances: list[dict[str, Any]] = []
     for k in range(n):
         hist = _zipf(rng, int(hist_len[k]), vocab)
         tags = _zipf(rng, int(tag_len[k]), 2000, a=1.3)
         tw = rng.uniform(0.2, 2.0, len(tags)).round(3)
-        logit[k] += 0.8 * float(np.mean(_group(hist) == _group(item[k:k + 1])[0])) if len(hist) else 0.0
-        logit[k] += 1.2 * float((tw * (tags < 50)).sum() / max(np.sqrt((tw ** 2).sum()), 1e-6))
-        instances.append({
-            "user_id": int(user[k]), "item_id": int(item[k]), "category": int(category[k]), "brand": int(brand[k]),
-            "city": int(city[k]), "device": int(device[k]), "hour": int(hour[k]),
-            "history": hist.tolist(), "tags": tags.tolist(), "tags_weights": tw.tolist(),
-            "price": [round(float(price[k]), 4)], "user_stats": [round(float(x), 4) for x in stats[k]],
-        })
+        logit[k] += 0.8 * float(np.mean(_group(hist) == _group(item[k : k + 1])[0])) if len(hist) else 0.0
+        logit[k] += 1.2 * float((tw * (tags < 50)).sum() / max(np.sqrt((tw**2).sum()), 1e-6))
+        instances.append(
+            {
+                "user_id": int(user[k]),
+                "item_id": int(item[k]),
+                "category": int(category[k]),
+                "brand": int(brand[k]),
+                "city": int(city[k]),
+                "device": int(device[k]),
+                "hour": int(hour[k]),
+                "history": hist.tolist(),
+                "tags": tags.tolist(),
+                "tags_weights": tw.tolist(),
+                "price": [round(float(price[k]), 4)],
+                "user_stats": [round(float(x), 4) for x in stats[k]],
+            }
+        )
     labels = (rng.uniform(size=n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
     return instances, labels
 
@@ -134,9 +179,12 @@ def _build_model(vocab: int, seed: int) -> Any:
     from embedgate.export.layers import EmbeddingPooling, FMInteraction
 
     keras.utils.set_random_seed(seed)
-    tables = {t: keras.layers.Embedding(_vocab(t, vocab), DIM, name=t,
-                                        embeddings_initializer=keras.initializers.RandomNormal(stddev=0.05))
-              for t in sorted(set(_SINGLE.values()) | {"tag_emb"})}
+    tables = {
+        t: keras.layers.Embedding(
+            _vocab(t, vocab), DIM, name=t, embeddings_initializer=keras.initializers.RandomNormal(stddev=0.05)
+        )
+        for t in sorted(set(_SINGLE.values()) | {"tag_emb"})
+    }
     inputs: list[Any] = []
     pooled: list[Any] = []
     for f, t in _SINGLE.items():
@@ -153,7 +201,9 @@ def _build_model(vocab: int, seed: int) -> Any:
     price = keras.Input((1,), name="price")
     stats = keras.Input((4,), name="user_stats")
     inputs += [price, stats]
-    dense = keras.layers.Dense(DIM, activation="relu", name="dense_proj")(keras.layers.Concatenate()([price, stats]))
+    dense = keras.layers.Dense(DIM, activation="relu", name="dense_proj")(
+        keras.layers.Concatenate()([price, stats])
+    )
     # FM second order over all field vectors: 0.5 * ((sum v)^2 - sum v^2), summed over the dim.
     fields = keras.layers.Concatenate(axis=1, name="fields")(
         [keras.layers.Reshape((1, DIM))(v) for v in [*pooled, dense]]
@@ -228,6 +278,13 @@ def build_demo(
     req.write_text(body, encoding="utf-8")
     req.replace(result.model_dir / "example_request.json")
     return DemoArtifacts(
-        root=root, model_dir=result.model_dir, manifest=result.manifest, keras_path=keras_path,
-        instances=instances, declaration=decl, input_shapes=shapes, auc=auc, seconds=time.monotonic() - t0,
+        root=root,
+        model_dir=result.model_dir,
+        manifest=result.manifest,
+        keras_path=keras_path,
+        instances=instances,
+        declaration=decl,
+        input_shapes=shapes,
+        auc=auc,
+        seconds=time.monotonic() - t0,
     )

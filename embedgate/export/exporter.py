@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from embedgate.export.declaration import Declaration, DeclarationError, load_declaration
 from embedgate.export.ps import Rows, write_ps_shard
@@ -202,7 +201,7 @@ def _load_model(model: Any) -> Any:
     # unsaveable: work on a copy (same config, same weights).
     try:
         copy = model.__class__.from_config(model.get_config())
-    except Exception as exc:  # noqa: BLE001 - whatever from_config raises for an unserialisable model
+    except Exception as exc:
         raise DeclarationError(
             f"cannot copy model {model.name!r} from its config ({exc}); register custom layers with "
             "keras.saving.register_keras_serializable or pass a .keras file"
@@ -218,7 +217,9 @@ def _plan(model: Any, decl: Declaration, table_rows: Mapping[str, Rows | str | P
 
     def need_input(what: str, name: str) -> Any:
         if name not in inputs:
-            raise DeclarationError(f"{what}: {name!r} is not an input of the model (inputs: {sorted(inputs)})")
+            raise DeclarationError(
+                f"{what}: {name!r} is not an input of the model (inputs: {sorted(inputs)})"
+            )
         return inputs[name]
 
     def layer(what: str, name: str) -> Any:
@@ -239,7 +240,9 @@ def _plan(model: Any, decl: Declaration, table_rows: Mapping[str, Rows | str | P
                 need_input(what, extra)
         emb = layer(what, f.table)
         if not isinstance(emb, keras.layers.Embedding):
-            raise DeclarationError(f"{what}: layer {f.table!r} is a {type(emb).__name__}, not a keras.layers.Embedding")
+            raise DeclarationError(
+                f"{what}: layer {f.table!r} is a {type(emb).__name__}, not a keras.layers.Embedding"
+            )
         dim = int(emb.output_dim)
         if f.table not in table_specs:
             tdecl = decl.tables.get(f.table)
@@ -268,7 +271,12 @@ def _plan(model: Any, decl: Declaration, table_rows: Mapping[str, Rows | str | P
         entry_inputs[f.name] = pooled
         sparse.append(
             SparseFeatureSpec(
-                name=f.name, table=f.table, kind=f.kind, combiner=f.combiner, weights=f.weights, max_ids=f.max_ids
+                name=f.name,
+                table=f.table,
+                kind=f.kind,
+                combiner=f.combiner,
+                weights=f.weights,
+                max_ids=f.max_ids,
             )
         )
     dense: list[DenseFeatureSpec] = []
@@ -304,7 +312,9 @@ def _plan(model: Any, decl: Declaration, table_rows: Mapping[str, Rows | str | P
         table_specs[name] = spec.model_copy(update={"rows": spec_rows})
     for name in table_rows:
         if name not in table_specs:
-            raise DeclarationError(f"tables: {name!r} is not a declared table (tables: {sorted(table_specs)})")
+            raise DeclarationError(
+                f"tables: {name!r} is not a declared table (tables: {sorted(table_specs)})"
+            )
     outputs = _outputs(model)
     return _Plan(list(table_specs.values()), rows, sparse, dense, entry, outputs)
 
@@ -314,8 +324,10 @@ def _entry_model(model: Any, entry_inputs: dict[str, Any]) -> Any:
 
     try:
         # A list, not a dict: Keras warns when dict keys differ from the (intermediate) tensors' names.
-        entry = keras.Model(inputs=list(entry_inputs.values()), outputs=model.outputs, name=f"{model.name}_entry")
-    except Exception as exc:  # noqa: BLE001 - keras raises ValueError/KeyError/... for disconnected graphs
+        entry = keras.Model(
+            inputs=list(entry_inputs.values()), outputs=model.outputs, name=f"{model.name}_entry"
+        )
+    except Exception as exc:
         raise DeclarationError(
             f"cannot cut the entry sub-graph from the pooled tensors and dense inputs to the outputs: {exc}. "
             "Every model input that reaches an output other than through a declared pooled layer must be "
@@ -338,8 +350,12 @@ def _outputs(model: Any) -> list[OutputSpec]:
             raise DeclarationError(f"model output {name!r} is not a valid output name (letters, digits, _)")
         dtype = str(t.dtype)
         if dtype not in ("float32", "float64", "int32", "int64"):
-            raise DeclarationError(f"model output {name!r} has dtype {dtype}, not one of float32/float64/int32/int64")
-        specs.append(OutputSpec(name=name, dtype=dtype, shape=[-1 if s is None else int(s) for s in t.shape[1:]]))
+            raise DeclarationError(
+                f"model output {name!r} has dtype {dtype}, not one of float32/float64/int32/int64"
+            )
+        specs.append(
+            OutputSpec(name=name, dtype=dtype, shape=[-1 if s is None else int(s) for s in t.shape[1:]])
+        )
     return specs
 
 

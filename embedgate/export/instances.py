@@ -55,7 +55,9 @@ def to_keras_inputs(
         w = np.zeros((b, length), np.float32)
         for i, (r_ids, r_w) in enumerate(rows):
             if len(r_ids) > length:
-                raise ValueError(f"instance {i}: feature {f.name!r} has {len(r_ids)} ids, the model takes {length}")
+                raise ValueError(
+                    f"instance {i}: feature {f.name!r} has {len(r_ids)} ids, the model takes {length}"
+                )
             ids[i, : len(r_ids)] = r_ids
             w[i, : len(r_w)] = r_w
         out[f.ids_input] = ids

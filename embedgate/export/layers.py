@@ -50,9 +50,11 @@ class EmbeddingPooling(keras.layers.Layer):
         return ops.where(zero, ops.zeros_like(total), total / safe)
 
     def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
-        shape = input_shape[0] if isinstance(input_shape, (list, tuple)) and isinstance(
-            input_shape[0], (list, tuple)
-        ) else input_shape
+        shape = (
+            input_shape[0]
+            if isinstance(input_shape, (list, tuple)) and isinstance(input_shape[0], (list, tuple))
+            else input_shape
+        )
         return (shape[0], shape[-1])
 
     def get_config(self) -> dict[str, Any]:

@@ -52,12 +52,19 @@ class Filter:
 
 
 _BIN: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
 }
 _CMP: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-    ast.Gt: operator.gt, ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
 }
 
 
@@ -66,26 +73,51 @@ def parse_filter(text: str) -> Filter:
     pattern, sep, expression = text.partition(";")
     pattern, expression = pattern.strip(), expression.strip()
     if not sep or not pattern or not expression:
-        raise PlacementError(f"filter {text!r}: expected '<pattern>; <expression>', e.g. 'ps_{{i}}; i % 2 == 0'")
+        raise PlacementError(
+            f"filter {text!r}: expected '<pattern>; <expression>', e.g. 'ps_{{i}}; i % 2 == 0'"
+        )
     if not re.fullmatch(r"[A-Za-z0-9_]*(\{i\})?[A-Za-z0-9_]*", pattern):
-        raise PlacementError(f"filter {text!r}: pattern {pattern!r} may hold letters, digits, _ and one '{{i}}'")
+        raise PlacementError(
+            f"filter {text!r}: pattern {pattern!r} may hold letters, digits, _ and one '{{i}}'"
+        )
     binds_i = "{i}" in pattern
-    regex = re.compile(re.escape(pattern).replace(re.escape("{i}"), r"(?P<i>\d+)") if binds_i else re.escape(pattern))
+    regex = re.compile(
+        re.escape(pattern).replace(re.escape("{i}"), r"(?P<i>\d+)") if binds_i else re.escape(pattern)
+    )
     try:
         tree = ast.parse(expression, mode="eval")
     except SyntaxError as exc:
-        raise PlacementError(f"filter {text!r}: expression {expression!r} is not valid syntax: {exc.msg}") from None
+        raise PlacementError(
+            f"filter {text!r}: expression {expression!r} is not valid syntax: {exc.msg}"
+        ) from None
     for node in ast.walk(tree):
         _check_node(node, binds_i, text)
     return Filter(text, regex, binds_i, tree)
 
 
 def _check_node(node: ast.AST, binds_i: bool, text: str) -> None:
-    allowed = (ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
-               ast.BinOp, ast.Compare, ast.Name, ast.Load, ast.Constant, *_BIN, *_CMP)
+    allowed = (
+        ast.Expression,
+        ast.BoolOp,
+        ast.And,
+        ast.Or,
+        ast.UnaryOp,
+        ast.Not,
+        ast.USub,
+        ast.UAdd,
+        ast.BinOp,
+        ast.Compare,
+        ast.Name,
+        ast.Load,
+        ast.Constant,
+        *_BIN,
+        *_CMP,
+    )
     if not isinstance(node, allowed):
-        raise PlacementError(f"filter {text!r}: {type(node).__name__} is not allowed in an expression "
-                             "(only i, integers, + - * // %, comparisons, and/or/not, True/False)")
+        raise PlacementError(
+            f"filter {text!r}: {type(node).__name__} is not allowed in an expression "
+            "(only i, integers, + - * // %, comparisons, and/or/not, True/False)"
+        )
     if isinstance(node, ast.Name):
         if node.id != "i":
             raise PlacementError(f"filter {text!r}: unknown name {node.id!r} (only 'i' may be used)")
@@ -120,7 +152,9 @@ def _eval(node: ast.AST, env: dict[str, int], text: str) -> Any:
                 return False
             left = right
         return True
-    raise PlacementError(f"filter {text!r}: cannot evaluate {type(node).__name__}")  # unreachable after checks
+    raise PlacementError(
+        f"filter {text!r}: cannot evaluate {type(node).__name__}"
+    )  # unreachable after checks
 
 
 def select(
@@ -145,7 +179,9 @@ def select(
     candidates = [("entry", entry_model_name(prefix))] + [
         (ps_dir_name(i), ps_model_name(prefix, i)) for i in range(manifest.num_shards)
     ]
-    chosen = [Servable(sg, name, f"{root}/{sg}") for sg, name in candidates if any(f.selects(sg) for f in parsed)]
+    chosen = [
+        Servable(sg, name, f"{root}/{sg}") for sg, name in candidates if any(f.selects(sg) for f in parsed)
+    ]
     if not chosen:
         raise PlacementError(
             f"{md}: no servable matches the filters {[f.text for f in parsed]} "

@@ -124,7 +124,7 @@ def read_ps_tables(shard_dirs: Sequence[str | Path], specs: Sequence[TableSpec])
         p = check_saved_model_dir(d)
         try:
             reader = tf.train.load_checkpoint(str(p / "variables" / "variables"))
-        except Exception as exc:  # noqa: BLE001 - TF raises several types for corrupt checkpoints
+        except Exception as exc:
             raise ArtifactError(f"{p}: cannot read the checkpoint: {exc}") from exc
         have = reader.get_variable_to_shape_map()
         for s in specs:
@@ -134,7 +134,9 @@ def read_ps_tables(shard_dirs: Sequence[str | Path], specs: Sequence[TableSpec])
                 raise ArtifactError(f"{p}: table {s.name!r} is not in this PS SavedModel")
             values = reader.get_tensor(vk).astype(np.float32)
             if values.ndim != 2 or values.shape[1] != s.dim:
-                raise ArtifactError(f"{p}: table {s.name!r} has rows of shape {values.shape[1:]}, expected ({s.dim},)")
+                raise ArtifactError(
+                    f"{p}: table {s.name!r} has rows of shape {values.shape[1:]}, expected ({s.dim},)"
+                )
             parts[s.name].append((reader.get_tensor(kk).astype(np.int64), values))
     out: dict[str, Rows] = {}
     for s in specs:

@@ -6,8 +6,8 @@ One directory per table holding two files:
 * ``emb_vector``: the rows, little-endian float32, row-major ``[n, dim]``, ``n * dim * 4`` bytes; row ``i`` belongs
   to the ``i``-th key.
 
-:func:`write_table` / :func:`read_table` convert between numpy and such a directory; :func:`read_served_tables`
-reads the rows a PS artifact was exported with (every shard of one version, from the SavedModels' checkpoints).
+:func:`write_table` / :func:`read_table` convert between numpy and such a directory. Tables of a served artifact:
+:mod:`embedgate.export.artifact` (``export_tables`` / ``import_tables``).
 Every error is a :class:`TableFileError` naming the file, the offset or index, and the problem.
 """
 
@@ -35,7 +35,9 @@ def check_rows(
     k = np.asarray(keys)
     v = np.asarray(vectors)
     if k.ndim != 1 or k.dtype.kind not in "iu":
-        raise TableFileError(f"{where}: keys must be a 1-D integer array, got dtype {k.dtype} shape {k.shape}")
+        raise TableFileError(
+            f"{where}: keys must be a 1-D integer array, got dtype {k.dtype} shape {k.shape}"
+        )
     if v.ndim != 2:
         raise TableFileError(f"{where}: vectors must be a 2-D [n, dim] array, got shape {v.shape}")
     if len(k) != len(v):

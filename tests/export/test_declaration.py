@@ -63,20 +63,36 @@ def test_bad_yaml_and_unknown_field(tmp_path: Path) -> None:
     ("decl", "message"),
     [
         (_sparse(0, table="nope"), r"sparse feature 'user': the model has no layer 'nope'"),
-        (_sparse(0, table="ctr"), r"sparse feature 'user': layer 'ctr' is a Dense, not a keras.layers.Embedding"),
+        (
+            _sparse(0, table="ctr"),
+            r"sparse feature 'user': layer 'ctr' is a Dense, not a keras.layers.Embedding",
+        ),
         (_sparse(0, input="uid"), r"sparse feature 'user': 'uid' is not an input of the model"),
         (_sparse(2, weights="tags_weights"), r"sparse feature 'tags': 'tags_weights' is not an input"),
         (_sparse(1, pooled="nope"), r"sparse feature 'genres': the model has no layer 'nope'"),
-        (_sparse(1, table="item_emb"), r"sparse feature 'genres': pooled layer 'genres_pool' outputs shape "
-                                       r"\(None, 4\), expected \(None, 6\) to match the dim 6 of table 'item_emb'"),
-        (_decl(dense=[{"name": "price", "dim": 2}, {"name": "ctx", "dim": 3}]),
-         r"dense feature 'price': model input has shape \(None, 1\), declared dim 2"),
+        (
+            _sparse(1, table="item_emb"),
+            (
+                r"sparse feature 'genres': pooled layer 'genres_pool' outputs shape "
+                r"\(None, 4\), expected \(None, 6\) to match the dim 6 of table 'item_emb'"
+            ),
+        ),
+        (
+            _decl(dense=[{"name": "price", "dim": 2}, {"name": "ctx", "dim": 3}]),
+            r"dense feature 'price': model input has shape \(None, 1\), declared dim 2",
+        ),
         (_decl(dense=[{"name": "ctx", "dim": 3}]), r"cannot cut the entry sub-graph.*dense feature"),
-        (_decl(dense=[{"name": "price", "dim": 1}, {"name": "ctx", "dim": 3}, {"name": "extra", "dim": 1}]),
-         r"dense feature 'extra': 'extra' is not an input"),
+        (
+            _decl(
+                dense=[{"name": "price", "dim": 1}, {"name": "ctx", "dim": 3}, {"name": "extra", "dim": 1}]
+            ),
+            r"dense feature 'extra': 'extra' is not an input",
+        ),
     ],
 )
-def test_declaration_does_not_match_model(model: Any, out_dir: Path, decl: dict[str, Any], message: str) -> None:
+def test_declaration_does_not_match_model(
+    model: Any, out_dir: Path, decl: dict[str, Any], message: str
+) -> None:
     with pytest.raises(DeclarationError, match=message):
         export_model(model, Declaration.model_validate(decl), out_dir)
     assert not out_dir.exists() or not any(out_dir.iterdir())
@@ -89,10 +105,16 @@ def test_undeclared_embedding_stays_in_entry(out_dir: Path) -> None:
     a = keras.layers.Flatten(name="a_vec")(keras.layers.Embedding(10, 4, name="declared")(uid))
     b = keras.layers.Flatten()(keras.layers.Embedding(10, 4, name="forgotten")(uid))
     m = keras.Model(uid, keras.layers.Dense(1, name="y")(keras.layers.Concatenate()([a, b])))
-    decl = Declaration.model_validate({
-        "model_name": "m", "sparse": [{"name": "a", "input": "uid", "table": "declared", "pooled": "a_vec"}],
-        "dense": [{"name": "uid", "dim": 1}]})
-    with pytest.raises(DeclarationError, match=r"Embedding layer 'forgotten' is still inside the entry sub-graph"):
+    decl = Declaration.model_validate(
+        {
+            "model_name": "m",
+            "sparse": [{"name": "a", "input": "uid", "table": "declared", "pooled": "a_vec"}],
+            "dense": [{"name": "uid", "dim": 1}],
+        }
+    )
+    with pytest.raises(
+        DeclarationError, match=r"Embedding layer 'forgotten' is still inside the entry sub-graph"
+    ):
         export_model(m, decl, out_dir)
 
 
@@ -121,7 +143,7 @@ def test_existing_version_refused_then_overwritten(model: Any, out_dir: Path) ->
 def test_failure_mid_export_leaves_no_version_dir(
     model: Any, out_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import embedgate.export.exporter as exporter
+    from embedgate.export import exporter
 
     decl = Declaration.model_validate(DECLARATION)
     real = exporter.write_ps_shard
@@ -149,8 +171,10 @@ def test_failure_mid_export_leaves_no_version_dir(
     assert sorted(p.name for p in out_dir.iterdir()) == ["tiny"]
 
 
-def test_failure_while_publishing_rolls_back(model: Any, out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import embedgate.export.exporter as exporter
+def test_failure_while_publishing_rolls_back(
+    model: Any, out_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embedgate.export import exporter
 
     decl = Declaration.model_validate(DECLARATION)
     export_model(model, decl, out_dir, num_shards=2)
@@ -170,6 +194,9 @@ def test_failure_while_publishing_rolls_back(model: Any, out_dir: Path, monkeypa
     monkeypatch.undo()
     assert any(Path(t).name == "2" for t in seen)  # PS dirs had been placed before the failure...
     assert sorted(str(p.relative_to(out_dir)) for p in out_dir.glob("*/*/*")) == [
-        "tiny/entry/1", "tiny/ps_0/1", "tiny/ps_1/1"]  # ...and were removed again
+        "tiny/entry/1",
+        "tiny/ps_0/1",
+        "tiny/ps_1/1",
+    ]  # ...and were removed again
     assert (out_dir / "tiny" / "manifest.json").read_text() == before
     assert exporter.next_version(out_dir / "tiny") == 2

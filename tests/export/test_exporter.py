@@ -36,8 +36,13 @@ def test_entry_signature_inputs(tiny_tf1: Any) -> None:
     sd = tiny_tf1.entry.signatures["serving_default"]
     shapes = {k: [d.size for d in v.tensor_shape.dim] for k, v in sd.inputs.items()}
     assert shapes == {
-        "user": [-1, 8], "genres": [-1, 4], "tags": [-1, 4], "clicks": [-1, 6], "recent": [-1, 6],
-        "price": [-1, 1], "ctx": [-1, 3],
+        "user": [-1, 8],
+        "genres": [-1, 4],
+        "tags": [-1, 4],
+        "clicks": [-1, 6],
+        "recent": [-1, 6],
+        "price": [-1, 1],
+        "ctx": [-1, 3],
     }
     assert all(v.dtype == 1 for v in sd.inputs.values())  # DT_FLOAT
     assert set(sd.outputs) == {"ctr", "score"}

@@ -25,16 +25,26 @@ def test_layout_filters_render_a_model_server_config(tiny: Any) -> None:
     ]
     for c in cfg.model_config_list.config:
         assert (Path(c.base_path) / "1" / "saved_model.pb").is_file()
-    even = _parse(model_config(select(md, ["ps_{i}; i % 2 == 0 and not i > 5"], name_prefix="x",
-                                      base_path_root="/models/")))
+    even = _parse(
+        model_config(
+            select(md, ["ps_{i}; i % 2 == 0 and not i > 5"], name_prefix="x", base_path_root="/models/")
+        )
+    )
     assert [(c.name, c.base_path) for c in even.model_config_list.config] == [
-        ("x_ps_0", "/models/tiny/ps_0"), ("x_ps_2", "/models/tiny/ps_2")]
+        ("x_ps_0", "/models/tiny/ps_0"),
+        ("x_ps_2", "/models/tiny/ps_2"),
+    ]
 
 
 @pytest.mark.parametrize(
     ("text", "ok"),
-    [("ps_{i}; i < 2", ["ps_0", "ps_1"]), ("ps_{i}; (i + 1) // 2 == 1", ["ps_1", "ps_2"]),
-     ("ps_{i}; 0 <= i != 1", ["ps_0", "ps_2"]), ("entry; False", []), ("ps_{i}; -i == 0 or i * 3 == 6", ["ps_0", "ps_2"])],
+    [
+        ("ps_{i}; i < 2", ["ps_0", "ps_1"]),
+        ("ps_{i}; (i + 1) // 2 == 1", ["ps_1", "ps_2"]),
+        ("ps_{i}; 0 <= i != 1", ["ps_0", "ps_2"]),
+        ("entry; False", []),
+        ("ps_{i}; -i == 0 or i * 3 == 6", ["ps_0", "ps_2"]),
+    ],
 )
 def test_expressions(text: str, ok: list[str]) -> None:
     f = parse_filter(text)

@@ -66,8 +66,13 @@ def test_rows_restored_and_default_row(shard_dir: Path) -> None:
 def test_upsert_and_delete_mutate_the_loaded_table(shard_dir: Path) -> None:
     m = Tf1Model(shard_dir)
     try:
-        r = m.run("upsert_a", {"ids": np.array([10, 1, 10], np.int64),
-                               "values": np.array([[1, 1, 1], [2, 2, 2], [3, 3, 3]], np.float32)})
+        r = m.run(
+            "upsert_a",
+            {
+                "ids": np.array([10, 1, 10], np.int64),
+                "values": np.array([[1, 1, 1], [2, 2, 2], [3, 3, 3]], np.float32),
+            },
+        )
         assert int(r["rows"]) == 4  # 10 is new, 1 replaced; the last occurrence of 10 wins
         r = m.run("upsert_a", {"ids": np.array([11], np.int64), "values": np.full((1, 3), 4, np.float32)})
         assert int(r["rows"]) == 5  # a second call in the same session sees the first

@@ -41,7 +41,9 @@ def test_key_length_not_multiple_of_8(tmp_path: Path) -> None:
 
 def test_vector_length_not_multiple_of_row(tmp_path: Path) -> None:
     d = _files(tmp_path, np.arange(2, dtype="<i8").tobytes(), b"\0" * 34)
-    with pytest.raises(TableFileError, match=r"bad/emb_vector: length 34 is not a multiple of 4\*dim = 16.*offset 32"):
+    with pytest.raises(
+        TableFileError, match=r"bad/emb_vector: length 34 is not a multiple of 4\*dim = 16.*offset 32"
+    ):
         read_table(d, dim=4)
     with pytest.raises(TableFileError, match=r"emb_vector: length 34 is not a multiple of 4 \* 2 keys"):
         read_table(d)
@@ -55,7 +57,9 @@ def test_count_mismatch(tmp_path: Path) -> None:
 
 def test_duplicate_keys(tmp_path: Path) -> None:
     d = _files(tmp_path, np.array([4, 9, 4], "<i8").tobytes(), b"\0" * 24)
-    with pytest.raises(TableFileError, match=r"bad/key: duplicate key 4 at index 0 and index 2 \(byte offsets 0 and 16\)"):
+    with pytest.raises(
+        TableFileError, match=r"bad/key: duplicate key 4 at index 0 and index 2 \(byte offsets 0 and 16\)"
+    ):
         read_table(d)
 
 
@@ -98,7 +102,9 @@ def test_export_and_import_through_artifacts(tiny: Any, tmp_path: Path) -> None:
     assert m.version == 2 and m.table("tag_emb").rows == 2 and m.table("user_emb").rows == 300
     arts = Tf1Artifacts(model_dir, m)
     try:
-        np.testing.assert_array_equal(arts.lookup("tag_emb", [1_000_000_007, 3, 4]), [[9] * 4, [9] * 4, [0] * 4])
+        np.testing.assert_array_equal(
+            arts.lookup("tag_emb", [1_000_000_007, 3, 4]), [[9] * 4, [9] * 4, [0] * 4]
+        )
         np.testing.assert_array_equal(
             arts.lookup("user_emb", [7]), tiny.model.get_layer("user_emb").embeddings.numpy()[[7]]
         )
