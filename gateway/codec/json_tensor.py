@@ -233,9 +233,9 @@ _NP_FOR_JSON: dict[int, Any] = {
     DT.DT_FLOAT: np.float32,
     DT.DT_DOUBLE: np.float64,
     DT.DT_INT32: np.int32,
-    DT.DT_INT16: np.int16,
-    DT.DT_INT8: np.int8,
-    DT.DT_UINT8: np.uint8,
+    DT.DT_INT16: np.int32,  # int_val holds int32; narrowing happens when the tensor is encoded (as in TF)
+    DT.DT_INT8: np.int32,
+    DT.DT_UINT8: np.int32,
     DT.DT_INT64: np.int64,
     DT.DT_UINT32: np.uint32,
     DT.DT_UINT64: np.uint64,
