@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,12 +25,13 @@ def test_layout_and_manifest(tiny: Any) -> None:
     assert not list(d.parent.glob(".*"))  # no temp dir left behind
 
 
-def test_predictions_through_entry_and_ps_match_keras(tiny: Any, tiny_tf1: Any) -> None:
+def test_predictions_through_entry_and_ps_match_keras(tiny: Any, tiny_tf1: Any, tmp_path: Path) -> None:
     expected = tiny.model.predict(tiny.keras_inputs, verbose=0)
     got = tiny_tf1.predict(tiny.instances)
     np.testing.assert_allclose(got["ctr"], expected[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["score"], expected[1], rtol=1e-5, atol=1e-5)
     assert np.ptp(got["ctr"]) > 1e-3  # the examples differ: the comparison is not vacuous
+    tiny.model.save(tmp_path / "still_saveable.keras")  # export did not alter the model
 
 
 def test_entry_signature_inputs(tiny_tf1: Any) -> None:
