@@ -137,3 +137,14 @@ def test_half_written_version_dir_is_named(tmp_path: Path) -> None:
         check_saved_model_dir(tmp_path / "3")
     with pytest.raises(ArtifactError, match="missing"):
         check_saved_model_dir(tmp_path / "4")
+
+
+def test_two_loads_do_not_share_tables(shard_dir: Path) -> None:
+    a, b = Tf1Model(shard_dir), Tf1Model(shard_dir)  # e.g. two versions during a swap, in one process
+    try:
+        a.run("upsert_b", {"ids": np.array([42], np.int64), "values": np.ones((1, 2), np.float32)})
+        assert int(a.run("row_count", {})["b_rows"]) == 2
+        assert int(b.run("row_count", {})["b_rows"]) == 1
+    finally:
+        a.close()
+        b.close()
