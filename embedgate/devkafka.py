@@ -29,7 +29,7 @@ import time
 import uuid
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Final, Self
 
 __all__ = [
     "KAFKA_VERSION",
@@ -119,7 +119,9 @@ def fetch_jars(cache_dir: Path | None = None, *, timeout_s: float = 900.0, quiet
         f"-DoutputDirectory={tmp_libs}",
     ]
     try:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            cmd, check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s
+        )
     except subprocess.TimeoutExpired as exc:
         raise BrokerError(f"mvn copy-dependencies did not finish within {timeout_s:.0f} s") from exc
     if proc.returncode != 0:
@@ -257,15 +259,19 @@ log.cleaner.enable=false
         self.log_path.unlink(missing_ok=True)
         cluster_id = _cluster_id()
         fmt = subprocess.run(
-            self._java_cmd(libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
-                           heap_mb=128),
+            self._java_cmd(
+                libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), heap_mb=128
+            ),
+            check=False,
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
             timeout=120,
         )
         if fmt.returncode != 0:
-            raise BrokerError(f"kafka StorageTool format failed (exit {fmt.returncode}): {fmt.stderr or fmt.stdout}")
+            raise BrokerError(
+                f"kafka StorageTool format failed (exit {fmt.returncode}): {fmt.stderr or fmt.stdout}"
+            )
         out = open(self.workdir / "broker.out", "wb")  # noqa: SIM115 - owned by the child
         try:
             self.proc = subprocess.Popen(
@@ -307,7 +313,7 @@ log.cleaner.enable=false
     def _cleanup_pid(self) -> None:
         self.pid_path.unlink(missing_ok=True)
 
-    def __enter__(self) -> KafkaBroker:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
@@ -378,7 +384,11 @@ def _cmd_start(args: argparse.Namespace) -> int:
             print(f"a broker is already running (pid {pid}, {pid_file}); `embedgate kafka stop` first")
             return 1
     broker = KafkaBroker(
-        workdir, port=args.port, controller_port=args.controller_port, heap_mb=args.heap_mb, cache_dir=args.cache_dir
+        workdir,
+        port=args.port,
+        controller_port=args.controller_port,
+        heap_mb=args.heap_mb,
+        cache_dir=args.cache_dir,
     )
     try:
         broker.start(timeout_s=args.timeout)
@@ -422,7 +432,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--cache-dir", type=Path, default=None, help="jar cache (default .cache/kafka)")
-        p.add_argument("--workdir", type=Path, default=_default_workdir(), help="broker work dir (default var/kafka)")
+        p.add_argument(
+            "--workdir", type=Path, default=_default_workdir(), help="broker work dir (default var/kafka)"
+        )
 
     p = ksub.add_parser("fetch", help="download the broker jars with Maven (no-op once cached)")
     common(p)

@@ -234,21 +234,33 @@ def decode_delta(data: bytes | bytearray | memoryview | None) -> EmbeddingDelta:
     if buf.lstrip()[:1] == b"{":
         return _decode_json(buf)
     if buf[:4] == HPS_MAGIC:
-        raise DeltaError("bad_magic", "HPS message (magic HCTR) on a delta topic; publish it to hps_et.<model>.<table>")
+        raise DeltaError(
+            "bad_magic", "HPS message (magic HCTR) on a delta topic; publish it to hps_et.<model>.<table>"
+        )
     if len(buf) < 4:
-        raise DeltaError("truncated", f"truncated at offset {len(buf)}: message has {len(buf)} bytes, magic needs 4")
-    raise DeltaError("bad_magic", f"wrong magic {buf[:4]!r} at offset 0; expected {BINARY_MAGIC!r} or a JSON object")
+        raise DeltaError(
+            "truncated", f"truncated at offset {len(buf)}: message has {len(buf)} bytes, magic needs 4"
+        )
+    raise DeltaError(
+        "bad_magic", f"wrong magic {buf[:4]!r} at offset 0; expected {BINARY_MAGIC!r} or a JSON object"
+    )
 
 
 def _decode_binary(buf: bytes) -> EmbeddingDelta:
     size = len(buf)
     if size < _HEADER.size:
-        raise DeltaError("truncated", f"truncated at offset {size}: header needs {_HEADER.size} bytes, got {size}")
+        raise DeltaError(
+            "truncated", f"truncated at offset {size}: header needs {_HEADER.size} bytes, got {size}"
+        )
     _, version, op_code, reserved, ts, seq, n, dim, m_len, t_len, p_len, reserved2 = _HEADER.unpack_from(buf)
     if version != FORMAT_VERSION:
-        raise DeltaError("bad_version", f"unsupported format version {version} at offset 4; this decoder reads 1")
+        raise DeltaError(
+            "bad_version", f"unsupported format version {version} at offset 4; this decoder reads 1"
+        )
     if op_code not in _OP_CODES:
-        raise DeltaError("unknown_op", f"unknown op code {op_code} at offset 5; expected 1 (upsert) or 2 (delete)")
+        raise DeltaError(
+            "unknown_op", f"unknown op code {op_code} at offset 5; expected 1 (upsert) or 2 (delete)"
+        )
     if reserved or reserved2:
         raise DeltaError("invalid_field", "reserved header bytes (offsets 6-7, 35) must be 0")
     op = DeltaOp(_OP_CODES[op_code])
@@ -266,12 +278,16 @@ def _decode_binary(buf: bytes) -> EmbeddingDelta:
     names = []
     for label, length in (("model name", m_len), ("table name", t_len), ("producer id", p_len)):
         if pos + length > size:
-            raise DeltaError("truncated", f"truncated at offset {size}: {label} needs bytes {pos}..{pos + length}")
+            raise DeltaError(
+                "truncated", f"truncated at offset {size}: {label} needs bytes {pos}..{pos + length}"
+            )
         raw = buf[pos : pos + length]
         try:
             names.append(raw.decode("ascii" if label != "producer id" else "utf-8"))
         except UnicodeDecodeError as exc:
-            raise DeltaError("invalid_field", f"{label} at offset {pos} is not valid text: {exc.reason}") from exc
+            raise DeltaError(
+                "invalid_field", f"{label} at offset {pos} is not valid text: {exc.reason}"
+            ) from exc
         pos += length
     model, table, producer = names
     for label, name in (("model name", model), ("table name", table)):
@@ -294,7 +310,14 @@ def _decode_binary(buf: bytes) -> EmbeddingDelta:
     ids = np.frombuffer(buf, dtype="<i8", count=n, offset=pos)
     values = np.frombuffer(buf, dtype="<f4", count=n * dim, offset=ids_end).reshape(n, dim) if dim else None
     return _build(
-        model=model, table=table, op=op, ids=ids, values=values, timestamp_ms=ts, sequence=seq, producer=producer
+        model=model,
+        table=table,
+        op=op,
+        ids=ids,
+        values=values,
+        timestamp_ms=ts,
+        sequence=seq,
+        producer=producer,
     )
 
 
@@ -366,7 +389,9 @@ def _decode_json(buf: bytes) -> EmbeddingDelta:
             raise DeltaError(
                 "shape_mismatch", f"values has {len(raw.values)} rows but there are {len(raw.ids)} ids"
             )
-        values = np.asarray(raw.values, dtype=np.float32).reshape(len(raw.values), widths.pop() if widths else 0)
+        values = np.asarray(raw.values, dtype=np.float32).reshape(
+            len(raw.values), widths.pop() if widths else 0
+        )
     if any(not (-(2**63) <= i < 2**63) for i in raw.ids):
         raise DeltaError("invalid_field", "ids must fit in int64")
     return _build(
@@ -412,7 +437,9 @@ def decode_hps(
         raise DeltaError("bad_topic", f"topic {topic!r} is not hps_et.<model>.<table>")
     model, table = m.group(1), m.group(2)
     if key:
-        raise DeltaError("unexpected_key", f"HPS message on {topic!r} has a key ({len(key)} bytes); HPS sends none")
+        raise DeltaError(
+            "unexpected_key", f"HPS message on {topic!r} has a key ({len(key)} bytes); HPS sends none"
+        )
     if value is None:
         return None
     buf = bytes(value)
@@ -424,7 +451,9 @@ def decode_hps(
     if len(buf) == 8:
         return None  # beacon
     if value_size == 0 or value_size % 4:
-        raise DeltaError("shape_mismatch", f"bytes per vector {value_size} at offset 4 is not a positive multiple of 4")
+        raise DeltaError(
+            "shape_mismatch", f"bytes per vector {value_size} at offset 4 is not a positive multiple of 4"
+        )
     dim = value_size // 4
     record = 8 + value_size
     body = len(buf) - 8
@@ -439,7 +468,9 @@ def decode_hps(
     rec = np.frombuffer(buf, dtype=[("k", "<i8"), ("v", "<f4", (dim,))], count=n, offset=8)
     for label, name in (("model", model), ("table", table)):
         if not _NAME_RE.match(name):
-            raise DeltaError(f"unknown_{label}", f"HPS {label} name {name!r} cannot name an embedgate {label}")
+            raise DeltaError(
+                f"unknown_{label}", f"HPS {label} name {name!r} cannot name an embedgate {label}"
+            )
     return _build(
         model=model,
         table=table,
@@ -457,7 +488,9 @@ def check_against_manifest(delta: EmbeddingDelta, manifest: Manifest) -> None:
     """Raise :class:`DeltaError` if ``delta`` does not fit ``manifest``: other model, unknown table, wrong dim,
     NaN/Inf rows when the table forbids them."""
     if delta.model != manifest.model_name:
-        raise DeltaError("unknown_model", f"delta for model {delta.model!r} checked against {manifest.model_name!r}")
+        raise DeltaError(
+            "unknown_model", f"delta for model {delta.model!r} checked against {manifest.model_name!r}"
+        )
     try:
         spec = manifest.table(delta.table)
     except KeyError:
@@ -468,7 +501,8 @@ def check_against_manifest(delta: EmbeddingDelta, manifest: Manifest) -> None:
     if delta.values is not None:
         if delta.dim != spec.dim:
             raise DeltaError(
-                "dim_mismatch", f"table {delta.model}.{delta.table} has dim {spec.dim}, the delta has dim {delta.dim}"
+                "dim_mismatch",
+                f"table {delta.model}.{delta.table} has dim {spec.dim}, the delta has dim {delta.dim}",
             )
         if not spec.allow_nan:
             finite = np.isfinite(delta.values)
@@ -479,4 +513,3 @@ def check_against_manifest(delta: EmbeddingDelta, manifest: Manifest) -> None:
                     f"row {row} (id {int(delta.ids[row])}) holds NaN/Inf; table {delta.model}.{delta.table} "
                     "forbids them",
                 )
-

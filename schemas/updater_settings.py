@@ -27,8 +27,12 @@ class _Strict(BaseModel):
 
 class BatchSettings(_Strict):
     max_rows: int = Field(8192, gt=0, description="rows gathered before a batch is applied")
-    max_delay_ms: int = Field(20, ge=0, le=60_000, description="longest a batch waits to fill once it has a record")
-    max_rows_per_call: int = Field(16384, gt=0, description="rows per Predict call (large groups are chunked)")
+    max_delay_ms: int = Field(
+        20, ge=0, le=60_000, description="longest a batch waits to fill once it has a record"
+    )
+    max_rows_per_call: int = Field(
+        16384, gt=0, description="rows per Predict call (large groups are chunked)"
+    )
 
 
 class RetrySettings(_Strict):
@@ -54,7 +58,9 @@ class UpdaterSettings(BaseSettings):
     group_id: str = "embedgate-updater"
     client_id: str = "embedgate-updater"
     dead_letter_topic: str = "embedgate.deltas.dlq"
-    create_topics: bool = Field(True, description="create topics and the dead-letter topic at startup if missing")
+    create_topics: bool = Field(
+        True, description="create topics and the dead-letter topic at startup if missing"
+    )
     topic_partitions: int = Field(4, gt=0, description="partitions of topics the updater creates")
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     session_timeout_ms: int = Field(10_000, ge=1000)
@@ -107,5 +113,5 @@ class UpdaterSettings(BaseSettings):
         except yaml.YAMLError as exc:
             raise ValueError(f"{p}: invalid YAML: {exc}") from exc
         if not isinstance(data, dict):
-            raise ValueError(f"{p}: the updater config must be a YAML mapping")
+            raise TypeError(f"{p}: the updater config must be a YAML mapping")
         return cls(**data)

@@ -109,13 +109,17 @@ class ShardWriter:
         out: list[tuple[str, tfs_pb2.PredictRequest]] = []
         for start in range(0, len(group.upsert_ids), self._max_rows):
             sl = slice(start, start + self._max_rows)
-            req = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name=name, signature_name=upsert_signature(table)))
+            req = tfs_pb2.PredictRequest(
+                model_spec=tfs_pb2.ModelSpec(name=name, signature_name=upsert_signature(table))
+            )
             req.inputs["ids"].CopyFrom(tensor_proto(group.upsert_ids[sl]))
             req.inputs["values"].CopyFrom(tensor_proto(group.upsert_values[sl]))
             out.append((f"{upsert_signature(table)} on {name}", req))
         for start in range(0, len(group.delete_ids), self._max_rows):
             sl = slice(start, start + self._max_rows)
-            req = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name=name, signature_name=delete_signature(table)))
+            req = tfs_pb2.PredictRequest(
+                model_spec=tfs_pb2.ModelSpec(name=name, signature_name=delete_signature(table))
+            )
             req.inputs["ids"].CopyFrom(tensor_proto(group.delete_ids[sl]))
             out.append((f"{delete_signature(table)} on {name}", req))
         return out
@@ -134,7 +138,9 @@ class ShardWriter:
             return
         requests = self._requests(group)
         targets = self.replicas(group.key)
-        results = await asyncio.gather(*(self._write_replica(t, requests) for t in targets), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._write_replica(t, requests) for t in targets), return_exceptions=True
+        )
         errors = [r for r in results if isinstance(r, BaseException)]
         for err in errors:
             if not isinstance(err, ApplyError):

@@ -70,7 +70,11 @@ class GroupBuffer:
     next_try: float = 0.0
 
     def add(
-        self, ids: npt.NDArray[np.int64], values: npt.NDArray[np.float32] | None, timestamp_ms: int, record: Any
+        self,
+        ids: npt.NDArray[np.int64],
+        values: npt.NDArray[np.float32] | None,
+        timestamp_ms: int,
+        record: Any,
     ) -> None:
         self.chunks.append((ids, values))
         self.timestamps_ms.append(timestamp_ms)
@@ -89,4 +93,3 @@ class GroupBuffer:
     def build(self) -> WriteGroup:
         up_ids, up_values, del_ids = coalesce(self.chunks, self.dim)
         return WriteGroup(key=self.key, upsert_ids=up_ids, upsert_values=up_values, delete_ids=del_ids)
-

@@ -22,15 +22,25 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_run_updater)
 
     p = subparsers.add_parser("publish", help="publish absolute embedding rows (or deletes) to Kafka")
-    p.add_argument("--bootstrap", "--bootstrap-servers", default="127.0.0.1:9092", help="Kafka bootstrap servers")
+    p.add_argument(
+        "--bootstrap", "--bootstrap-servers", default="127.0.0.1:9092", help="Kafka bootstrap servers"
+    )
     p.add_argument("--topic", default=None, help="delta topic (default embedgate.deltas)")
-    p.add_argument("--manifest", type=Path, required=True, help="manifest.json or the model directory holding it")
+    p.add_argument(
+        "--manifest", type=Path, required=True, help="manifest.json or the model directory holding it"
+    )
     p.add_argument("--table", required=True, help="embedding table")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--id", type=int, action="append", dest="ids", help="an id (repeatable)")
-    src.add_argument("--from", dest="source", type=Path,
-                     help="HPS table dir (key + emb_vector files), .npz (ids/values) or .npy (values for ids 0..n-1)")
-    p.add_argument("--values", default=None, help="comma-separated row for --id (dim floats; repeated per id)")
+    src.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        help="HPS table dir (key + emb_vector files), .npz (ids/values) or .npy (values for ids 0..n-1)",
+    )
+    p.add_argument(
+        "--values", default=None, help="comma-separated row for --id (dim floats; repeated per id)"
+    )
     p.add_argument("--fill", type=float, default=None, help="row of dim copies of this value for --id")
     p.add_argument("--delete", action="store_true", help="delete the ids instead of upserting rows")
     p.add_argument("--format", choices=["binary", "json"], default="binary", help="message encoding")
@@ -46,11 +56,13 @@ def _run_updater(args: argparse.Namespace) -> int:
 
     try:
         settings = UpdaterSettings.from_yaml(args.config)
-    except (ValueError, ValidationError) as exc:
+    except (ValueError, TypeError, ValidationError) as exc:
         print(f"embedgate updater: invalid config {args.config}: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     try:
@@ -72,7 +84,10 @@ async def _serve(settings: Any) -> int:
         port = updater.metrics.serve(settings.metrics_port, settings.metrics_host)
     logging.getLogger("embedgate.updater").info(
         "updater consuming %s (hps %s) from %s as group %s; metrics on %s",
-        settings.topics, settings.hps_topic_pattern, settings.bootstrap_servers, settings.group_id,
+        settings.topics,
+        settings.hps_topic_pattern,
+        settings.bootstrap_servers,
+        settings.group_id,
         f"{settings.metrics_host}:{port}" if port else "off",
     )
     try:
@@ -96,7 +111,9 @@ def _run_publish(args: argparse.Namespace) -> int:
         print(f"embedgate publish: {exc}", file=sys.stderr)
         return 2
     except KeyError:
-        print(f"embedgate publish: model {manifest.model_name!r} has no table {args.table!r}", file=sys.stderr)
+        print(
+            f"embedgate publish: model {manifest.model_name!r} has no table {args.table!r}", file=sys.stderr
+        )
         return 2
     values = None
     try:
@@ -114,7 +131,9 @@ def _run_publish(args: argparse.Namespace) -> int:
                 elif row.size == spec.dim * len(ids):
                     values = row.reshape(len(ids), spec.dim)
                 else:
-                    raise ValueError(f"--values has {row.size} numbers; table {args.table!r} has dim {spec.dim}")
+                    raise ValueError(
+                        f"--values has {row.size} numbers; table {args.table!r} has dim {spec.dim}"
+                    )
         else:
             from updater.producer import load_rows
 
@@ -129,9 +148,13 @@ def _run_publish(args: argparse.Namespace) -> int:
 async def _publish(args: argparse.Namespace, manifest: Any, ids: Any, values: Any, topic: str) -> int:
     from updater.producer import DeltaPublisher
 
-    async with DeltaPublisher(args.bootstrap, topic=topic, producer_id=args.producer_id, encoding=args.format) as pub:
+    async with DeltaPublisher(
+        args.bootstrap, topic=topic, producer_id=args.producer_id, encoding=args.format
+    ) as pub:
         result = await pub.publish(manifest, args.table, ids, values, delete=args.delete)
     op = "deletes" if args.delete else "rows"
-    print(f"published {result.rows} {op} of {manifest.model_name}.{args.table} in {result.messages} messages "
-          f"to {topic} (rows per shard: {result.rows_per_shard})")
+    print(
+        f"published {result.rows} {op} of {manifest.model_name}.{args.table} in {result.messages} messages "
+        f"to {topic} (rows per shard: {result.rows_per_shard})"
+    )
     return 0

@@ -71,7 +71,9 @@ def load_models(models: Sequence[EmbeddingModel]) -> dict[str, _Route]:
         except ManifestError as exc:
             raise ConfigError(f"model {m.name!r}: {exc}") from exc
         if manifest.model_name != m.name:
-            raise ConfigError(f"model {m.name!r}: manifest {m.manifest} describes model {manifest.model_name!r}")
+            raise ConfigError(
+                f"model {m.name!r}: manifest {m.manifest} describes model {manifest.model_name!r}"
+            )
         if len(m.shards) != manifest.num_shards:
             raise ConfigError(
                 f"model {m.name!r}: {len(m.shards)} shards configured, the manifest has {manifest.num_shards}"
@@ -219,7 +221,9 @@ class Updater:
                 timeout = self._fetch_timeout_s()
             else:
                 timeout = max(0.0, deadline - time.monotonic())
-            got = await self._consumer.getmany(timeout_ms=int(timeout * 1000), max_records=max(1, s.max_rows - rows))
+            got = await self._consumer.getmany(
+                timeout_ms=int(timeout * 1000), max_records=max(1, s.max_rows - rows)
+            )
             for tp, recs in got.items():
                 for r in recs:
                     out.append(r)
@@ -265,7 +269,9 @@ class Updater:
 
     def _decode(self, rec: Any) -> EmbeddingDelta | None:
         if _HPS_RE.match(rec.topic):
-            delta = decode_hps(rec.topic, rec.value, key=rec.key, timestamp_ms=rec.timestamp, sequence=rec.offset)
+            delta = decode_hps(
+                rec.topic, rec.value, key=rec.key, timestamp_ms=rec.timestamp, sequence=rec.offset
+            )
             if delta is None:
                 self.metrics.messages.labels("beacon").inc()
                 return None
@@ -275,7 +281,9 @@ class Updater:
             kind = "delta"
         route = self._routes.get(delta.model)
         if route is None:
-            raise DeltaError("unknown_model", f"unknown model {delta.model!r} (configured: {sorted(self._routes)})")
+            raise DeltaError(
+                "unknown_model", f"unknown model {delta.model!r} (configured: {sorted(self._routes)})"
+            )
         check_against_manifest(delta, route.manifest)
         self.metrics.messages.labels(kind).inc()
         return delta
@@ -286,7 +294,9 @@ class Updater:
         futures = []
         for rec, exc in dead:
             self.metrics.messages.labels("invalid").inc()
-            log.warning("dead-letter %s[%d]@%d: %s: %s", rec.topic, rec.partition, rec.offset, exc.reason, exc)
+            log.warning(
+                "dead-letter %s[%d]@%d: %s: %s", rec.topic, rec.partition, rec.offset, exc.reason, exc
+            )
             headers = [
                 ("embedgate.reason", exc.reason.encode()),
                 ("embedgate.error", str(exc).encode("utf-8", "replace")[:4000]),
@@ -295,7 +305,9 @@ class Updater:
                 ("embedgate.offset", str(rec.offset).encode()),
             ]
             futures.append(
-                await self._dlq.send(self.settings.dead_letter_topic, value=rec.value, key=rec.key, headers=headers)
+                await self._dlq.send(
+                    self.settings.dead_letter_topic, value=rec.value, key=rec.key, headers=headers
+                )
             )
         await asyncio.gather(*futures)
         for _, exc in dead:
@@ -321,7 +333,9 @@ class Updater:
                 if buf.key not in self._waiting:
                     self._waiting[buf.key] = buf
                 if buf.attempts == 1 or buf.attempts % 10 == 0:
-                    log.warning("shard write failed (attempt %d, %d rows waiting): %s", buf.attempts, buf.rows, err)
+                    log.warning(
+                        "shard write failed (attempt %d, %d rows waiting): %s", buf.attempts, buf.rows, err
+                    )
             else:
                 self._waiting.pop(buf.key, None)
                 log.error("shard write rejected, dead-lettering %d messages: %s", len(buf.records), err)
@@ -364,7 +378,9 @@ class Updater:
         assert self._consumer is not None
         assigned = self._consumer.assignment()
         offsets = {
-            tp: off for tp, off in self._safe_offsets().items() if tp in assigned and self._committed.get(tp) != off
+            tp: off
+            for tp, off in self._safe_offsets().items()
+            if tp in assigned and self._committed.get(tp) != off
         }
         if not offsets:
             return
@@ -390,7 +406,10 @@ class Updater:
         want &= assigned
         if to_pause := want - self._paused:
             self._consumer.pause(*to_pause)
-            log.info("paused %s while a shard is unavailable", sorted(f"{t.topic}[{t.partition}]" for t in to_pause))
+            log.info(
+                "paused %s while a shard is unavailable",
+                sorted(f"{t.topic}[{t.partition}]" for t in to_pause),
+            )
         if to_resume := (self._paused - want) & assigned:
             self._consumer.resume(*to_resume)
             log.info("resumed %s", sorted(f"{t.topic}[{t.partition}]" for t in to_resume))

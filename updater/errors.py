@@ -21,7 +21,14 @@ from typing import ClassVar
 
 import grpc
 
-__all__ = ["ApplyError", "ApplyRejected", "ConfigError", "ShardUnavailable", "UpdaterError", "error_from_grpc"]
+__all__ = [
+    "ApplyError",
+    "ApplyRejected",
+    "ConfigError",
+    "ShardUnavailable",
+    "UpdaterError",
+    "error_from_grpc",
+]
 
 
 class UpdaterError(Exception):

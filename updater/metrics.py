@@ -36,23 +36,35 @@ class UpdaterMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         p = "embedgate_updater_"
-        self.lag = Gauge(p + "consumer_lag", "High watermark minus next offset", ["topic", "partition"], registry=r)
+        self.lag = Gauge(
+            p + "consumer_lag", "High watermark minus next offset", ["topic", "partition"], registry=r
+        )
         self.rows_applied = Counter(
             p + "rows_applied", "Rows acknowledged by every replica", ["model", "table", "op"], registry=r
         )
         self.apply_latency = Histogram(
-            p + "apply_latency_seconds", "Write of one group to all replicas", ["model"], buckets=_LATENCY_BUCKETS,
+            p + "apply_latency_seconds",
+            "Write of one group to all replicas",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.freshness = Histogram(
-            p + "freshness_seconds", "Producer timestamp to applied on all replicas", ["model"],
-            buckets=_FRESHNESS_BUCKETS, registry=r,
+            p + "freshness_seconds",
+            "Producer timestamp to applied on all replicas",
+            ["model"],
+            buckets=_FRESHNESS_BUCKETS,
+            registry=r,
         )
-        self.dead_letters = Counter(p + "dead_letters", "Messages sent to the dead-letter topic", ["reason"], registry=r)
+        self.dead_letters = Counter(
+            p + "dead_letters", "Messages sent to the dead-letter topic", ["reason"], registry=r
+        )
         self.apply_failures = Counter(
             p + "apply_failures", "Failed group writes", ["model", "shard", "retriable"], registry=r
         )
-        self.paused_partitions = Gauge(p + "paused_partitions", "Partitions paused while a shard is down", registry=r)
+        self.paused_partitions = Gauge(
+            p + "paused_partitions", "Partitions paused while a shard is down", registry=r
+        )
         self.messages = Counter(p + "messages", "Kafka messages consumed", ["kind"], registry=r)
         self.commits = Counter(p + "commits", "Offset commits", registry=r)
         self._server: Any = None

@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Literal, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -84,7 +84,7 @@ class DeltaPublisher:
     async def stop(self) -> None:
         await self._producer.stop()
 
-    async def __aenter__(self) -> DeltaPublisher:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -123,7 +123,9 @@ class DeltaPublisher:
                 raise ValueError("an upsert needs values")
             val_arr = np.asarray(values, dtype=np.float32).reshape(len(id_arr), -1)
             if val_arr.shape[1] != spec.dim:
-                raise ValueError(f"table {table!r} has dim {spec.dim}, the values have {val_arr.shape[1]} columns")
+                raise ValueError(
+                    f"table {table!r} has dim {spec.dim}, the values have {val_arr.shape[1]} columns"
+                )
         ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         row_bytes = 8 + 4 * (0 if val_arr is None else spec.dim)
         chunk = max(1, min(self._max_rows, self._max_bytes // row_bytes))
@@ -147,7 +149,9 @@ class DeltaPublisher:
                     producer=self.producer_id,
                 )
                 futures.append(
-                    await self._producer.send(self.topic, value=self._encode(delta), key=message_key(delta.model, shard))
+                    await self._producer.send(
+                        self.topic, value=self._encode(delta), key=message_key(delta.model, shard)
+                    )
                 )
                 result.messages += 1
             result.rows_per_shard[shard] = result.rows_per_shard.get(shard, 0) + len(s_ids)
@@ -185,7 +189,9 @@ def load_rows(path: Path, dim: int | None = None) -> tuple[npt.NDArray[np.int64]
                     ids = np.asarray(data[id_name], dtype=np.int64).reshape(-1)
                     vals = np.asarray(data[val_name], dtype=np.float32)
                     return ids, vals.reshape(len(ids), -1)
-        raise ValueError(f"{path}: expected arrays 'ids' and 'values' (or 'keys' and 'emb_vector'), got {sorted(names)}")
+        raise ValueError(
+            f"{path}: expected arrays 'ids' and 'values' (or 'keys' and 'emb_vector'), got {sorted(names)}"
+        )
     if path.suffix == ".npy":
         vals = np.asarray(np.load(path), dtype=np.float32)
         if vals.ndim != 2:

@@ -35,9 +35,7 @@ def deltas(draw: st.DrawFn) -> EmbeddingDelta:
     values = None
     if op is DeltaOp.UPSERT:
         dim = draw(st.integers(1, 8))
-        flat = draw(
-            st.lists(st.floats(width=32, allow_nan=False), min_size=n * dim, max_size=n * dim)
-        )
+        flat = draw(st.lists(st.floats(width=32, allow_nan=False), min_size=n * dim, max_size=n * dim))
         values = np.asarray(flat, dtype=np.float32).reshape(n, dim)
     return EmbeddingDelta(
         model=draw(NAMES),
@@ -74,10 +72,16 @@ def test_any_truncation_is_a_delta_error(delta: EmbeddingDelta, data: st.DataObj
 
 
 def _delta(**kw: object) -> EmbeddingDelta:
-    base: dict[str, object] = dict(
-        model="demo", table="item", op="upsert", ids=[7, 8], values=[[1.0, 2.0], [3.0, 4.0]], timestamp_ms=1000,
-        sequence=3, producer="t0",
-    )
+    base: dict[str, object] = {
+        "model": "demo",
+        "table": "item",
+        "op": "upsert",
+        "ids": [7, 8],
+        "values": [[1.0, 2.0], [3.0, 4.0]],
+        "timestamp_ms": 1000,
+        "sequence": 3,
+        "producer": "t0",
+    }
     base.update(kw)
     return EmbeddingDelta(**base)  # type: ignore[arg-type]
 
@@ -85,8 +89,15 @@ def _delta(**kw: object) -> EmbeddingDelta:
 def test_binary_golden_bytes() -> None:
     raw = encode_delta(_delta())
     expected = (
-        b"EGDM" + bytes([1, 1]) + b"\0\0" + struct.pack("<qqIIBBBB", 1000, 3, 2, 2, 4, 4, 2, 0)
-        + b"demo" + b"item" + b"t0" + struct.pack("<qq", 7, 8) + struct.pack("<4f", 1, 2, 3, 4)
+        b"EGDM"
+        + bytes([1, 1])
+        + b"\0\0"
+        + struct.pack("<qqIIBBBB", 1000, 3, 2, 2, 4, 4, 2, 0)
+        + b"demo"
+        + b"item"
+        + b"t0"
+        + struct.pack("<qq", 7, 8)
+        + struct.pack("<4f", 1, 2, 3, 4)
     )
     assert raw == expected
     assert len(raw) == 36 + 10 + 16 + 16
@@ -94,9 +105,9 @@ def test_binary_golden_bytes() -> None:
 
 def test_delete_golden_bytes() -> None:
     raw = encode_delta(_delta(op="delete", values=None, ids=[5], producer=""))
-    assert raw == b"EGDM\x01\x02\x00\x00" + struct.pack("<qqIIBBBB", 1000, 3, 1, 0, 4, 4, 0, 0) + b"demoitem" + (
-        struct.pack("<q", 5)
-    )
+    assert raw == b"EGDM\x01\x02\x00\x00" + struct.pack(
+        "<qqIIBBBB", 1000, 3, 1, 0, 4, 4, 0, 0
+    ) + b"demoitem" + (struct.pack("<q", 5))
 
 
 def _patch(raw: bytes, offset: int, fmt: str, value: int) -> bytes:
@@ -132,7 +143,11 @@ GOOD = encode_delta(_delta())
         (None, "bad_magic", r"null value"),
         (b"{not json", "invalid_json", r"invalid JSON at offset 1"),
         (b'{"model": "demo"}', "invalid_json", r"table: Field required"),
-        (b'{"model":"demo","table":"item","op":"add","ids":[1],"timestamp_ms":1}', "unknown_op", r"unknown op 'add'"),
+        (
+            b'{"model":"demo","table":"item","op":"add","ids":[1],"timestamp_ms":1}',
+            "unknown_op",
+            r"unknown op 'add'",
+        ),
         (
             b'{"model":"demo","table":"item","op":"upsert","ids":[1,2],"values":[[1,2]],"timestamp_ms":1}',
             "shape_mismatch",
@@ -170,8 +185,12 @@ def test_bad_input_names_the_problem(raw: bytes | None, reason: str, message: st
 HPS_GOLDEN = bytes.fromhex(
     "48435452"  # "HCTR"
     "08000000"  # 8 bytes per vector (dim 2)
-    "0700000000000000" "0000803f" "00000040"  # key 7: [1.0, 2.0]
-    "feffffffffffffff" "000040c0" "0000c03f"  # key -2: [-3.0, 1.5]
+    "0700000000000000"
+    "0000803f"
+    "00000040"  # key 7: [1.0, 2.0]
+    "feffffffffffffff"
+    "000040c0"
+    "0000c03f"  # key -2: [-3.0, 1.5]
 )
 
 
@@ -201,8 +220,20 @@ def test_hps_beacon_and_null_are_ignored() -> None:
         ("hps_et.demo.item", HPS_GOLDEN, b"k", "unexpected_key", r"has a key"),
         ("hps_et.demo.item", b"HCT", None, "truncated", r"truncated at offset 3"),
         ("hps_et.demo.item", b"XCTR" + HPS_GOLDEN[4:], None, "bad_magic", r"wrong magic b'XCTR'"),
-        ("hps_et.demo.item", HPS_GOLDEN[:-3], None, "truncated", r"truncated at offset 24: 13 bytes of a 16-byte"),
-        ("hps_et.demo.item", b"HCTR\x07\x00\x00\x00" + b"\0" * 15, None, "shape_mismatch", r"bytes per vector 7"),
+        (
+            "hps_et.demo.item",
+            HPS_GOLDEN[:-3],
+            None,
+            "truncated",
+            r"truncated at offset 24: 13 bytes of a 16-byte",
+        ),
+        (
+            "hps_et.demo.item",
+            b"HCTR\x07\x00\x00\x00" + b"\0" * 15,
+            None,
+            "shape_mismatch",
+            r"bytes per vector 7",
+        ),
         ("hps_et.my-model.item", HPS_GOLDEN, None, "unknown_model", r"'my-model' cannot name"),
     ],
 )
@@ -230,7 +261,11 @@ MANIFEST = Manifest.model_validate(
     [
         (_delta(model="other"), "unknown_model", r"model 'other'"),
         (_delta(table="user"), "unknown_table", r"has no table 'user' \(tables: item, free\)"),
-        (_delta(values=[[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]), "dim_mismatch", r"has dim 2, the delta has dim 3"),
+        (
+            _delta(values=[[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]),
+            "dim_mismatch",
+            r"has dim 2, the delta has dim 3",
+        ),
         (_delta(values=[[1.0, 2.0], [np.nan, 4.0]]), "nan_values", r"row 1 \(id 8\) holds NaN/Inf"),
         (_delta(values=[[np.inf, 2.0], [1.0, 4.0]]), "nan_values", r"row 0 \(id 7\)"),
     ],

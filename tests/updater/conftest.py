@@ -60,7 +60,10 @@ def ps_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PsCluster]:
     root = tmp_path_factory.mktemp("psmodel")
     manifest = build_ps_model(root)
     d = root / manifest.model_name
-    with serve_local({"emb_ps_0": d / "ps_0", "emb_ps_1": d / "ps_1"}) as a, serve_local({"emb_ps_1": d / "ps_1"}) as b:
+    with (
+        serve_local({"emb_ps_0": d / "ps_0", "emb_ps_1": d / "ps_1"}) as a,
+        serve_local({"emb_ps_1": d / "ps_1"}) as b,
+    ):
         yield PsCluster(root, manifest, a, b)
 
 

@@ -28,7 +28,10 @@ def build_ps_model(root: Path, name: str = "emb", num_shards: int = 2, version: 
         {
             "model_name": name,
             "version": version,
-            "tables": [{"name": "item", "dim": 4, "default_value": -1.0}, {"name": "user", "dim": 3, "allow_nan": True}],
+            "tables": [
+                {"name": "item", "dim": 4, "default_value": -1.0},
+                {"name": "user", "dim": 3, "allow_nan": True},
+            ],
             "sparse_features": [{"name": "item_id", "table": "item"}, {"name": "user_id", "table": "user"}],
             "partition": {"num_shards": num_shards},
             "entry": {"outputs": [{"name": "p", "shape": [1]}]},
@@ -98,4 +101,3 @@ def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0, interval_s: fl
         if time.monotonic() > deadline:
             return False
         time.sleep(interval_s)
-

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +23,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.deltas import EmbeddingDelta, encode_delta, encode_delta_json, encode_hps
 from schemas.partition import shard_for
-from schemas.updater_settings import UpdaterSettings
 from tests.support.kafka import Broker
 from tests.support.ports import free_port
 from tests.updater.conftest import PsCluster
+from tests.updater.harness import eventually, running, updater_settings
 from tests.updater.psmodel import lookup
 from updater.consumer import Updater
 from updater.producer import DeltaPublisher, message_key
@@ -38,49 +37,9 @@ _REPO = Path(__file__).resolve().parents[2]
 DEFAULT = -1.0  # the item table's default_value
 
 
-def _settings(kafka: Broker, cluster: PsCluster, name: str, **over: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "models": [cluster.model_config()],
-        "bootstrap_servers": kafka.bootstrap,
-        "topics": [f"{name}.deltas"],
-        "dead_letter_topic": f"{name}.dlq",
-        "hps_topic_pattern": None,
-        "group_id": f"{name}-group",
-        "client_id": f"{name}-updater",
-        "session_timeout_ms": 3000,
-        "heartbeat_interval_ms": 300,
-        "metrics_port": 0,
-        "batch": {"max_rows": 4096, "max_delay_ms": 10},
-        "retry": {"min_backoff_ms": 100, "max_backoff_ms": 1000},
-        "apply_deadline_s": 3.0,
-    }
-    base.update(over)
-    return base
-
-
-@contextlib.asynccontextmanager
-async def running(settings: dict[str, Any]) -> AsyncIterator[Updater]:
-    """The updater in this event loop; stopped gracefully (and awaited, bounded) at exit."""
-    upd = Updater(UpdaterSettings(**settings))
-    task = asyncio.create_task(upd.run())
-    try:
-        await asyncio.wait_for(upd.ready.wait(), 30)
-        yield upd
-    finally:
-        upd.stop()
-        await asyncio.wait_for(task, 30)
-
-
-async def eventually(cond: Callable[[], Awaitable[bool]], timeout_s: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s} s")
-        await asyncio.sleep(0.2)
-
-
-async def _rows(cluster: PsCluster, table: str, ids: np.ndarray, shard_targets: dict[int, list[str]] | None = None
-                ) -> list[np.ndarray]:
+async def _rows(
+    cluster: PsCluster, table: str, ids: np.ndarray, shard_targets: dict[int, list[str]] | None = None
+) -> list[np.ndarray]:
     """Rows of ``ids`` as seen by every replica of their shards: one array per replica index (aligned to ids)."""
     m = cluster.manifest
     shards = shard_for(ids, m.num_shards)
@@ -103,14 +62,16 @@ def _sample(upd: Updater, name: str, labels: dict[str, str] | None = None) -> fl
 
 # -- publish -> visible -----------------------------------------------------------------------------------------------
 async def test_published_rows_reach_every_replica(kafka: Broker, ps_cluster: PsCluster, unique: str) -> None:
-    s = _settings(kafka, ps_cluster, unique)
+    s = updater_settings(kafka, ps_cluster, unique)
     ids = np.arange(1000, 1040, dtype=np.int64)
     values = np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32)
     async with running(s) as upd:
         async with DeltaPublisher(kafka.bootstrap, topic=s["topics"][0]) as pub:
             res = await pub.publish(ps_cluster.manifest, "item", ids, values)
             assert res.rows == 40 and set(res.rows_per_shard) == {0, 1}
-            await pub.publish(ps_cluster.manifest, "item", [3, 4], delete=True)  # exported rows 3 (shard 1), 4 (0)
+            await pub.publish(
+                ps_cluster.manifest, "item", [3, 4], delete=True
+            )  # exported rows 3 (shard 1), 4 (0)
 
         async def visible() -> bool:
             views = await _rows(ps_cluster, "item", ids)
@@ -123,8 +84,18 @@ async def test_published_rows_reach_every_replica(kafka: Broker, ps_cluster: PsC
             return all((v == DEFAULT).all() for v in views)
 
         await eventually(deleted, what="deleted rows")
-        assert _sample(upd, "embedgate_updater_rows_applied_total", {"model": "emb", "table": "item", "op": "upsert"}) >= 40
-        assert _sample(upd, "embedgate_updater_rows_applied_total", {"model": "emb", "table": "item", "op": "delete"}) >= 2
+        assert (
+            _sample(
+                upd, "embedgate_updater_rows_applied_total", {"model": "emb", "table": "item", "op": "upsert"}
+            )
+            >= 40
+        )
+        assert (
+            _sample(
+                upd, "embedgate_updater_rows_applied_total", {"model": "emb", "table": "item", "op": "delete"}
+            )
+            >= 2
+        )
         assert _sample(upd, "embedgate_updater_freshness_seconds_count", {"model": "emb"}) >= 2
         assert _sample(upd, "embedgate_updater_apply_latency_seconds_count", {"model": "emb"}) >= 2
 
@@ -141,7 +112,9 @@ async def test_hps_messages_are_applied(kafka: Broker, ps_cluster: PsCluster, un
         await producer.send_and_wait(topic, encode_hps(ids, values))  # no key, as HPS sends
     finally:
         await producer.stop()
-    s = _settings(kafka, ps_cluster, unique, hps_topic_pattern=r"hps_et\.emb\..*", metadata_max_age_ms=1000)
+    s = updater_settings(
+        kafka, ps_cluster, unique, hps_topic_pattern=r"hps_et\.emb\..*", metadata_max_age_ms=1000
+    )
     async with running(s) as upd:
 
         async def visible() -> bool:
@@ -159,8 +132,10 @@ def _delta(ids: list[int], values: Any, *, model: str = "emb", table: str = "ite
     )
 
 
-async def test_bad_messages_go_to_the_dead_letter_topic(kafka: Broker, ps_cluster: PsCluster, unique: str) -> None:
-    s = _settings(kafka, ps_cluster, unique)
+async def test_bad_messages_go_to_the_dead_letter_topic(
+    kafka: Broker, ps_cluster: PsCluster, unique: str
+) -> None:
+    s = updater_settings(kafka, ps_cluster, unique)
     good1 = _delta([3000, 3001], [[1, 1, 1, 1], [2, 2, 2, 2]])
     good2 = _delta([3000, 3002], [[5, 5, 5, 5], [6, 6, 6, 6]])
     nan_ok = _delta([3003], [[np.nan, 1, 2]], table="user")  # the user table allows NaN
@@ -174,9 +149,14 @@ async def test_bad_messages_go_to_the_dead_letter_topic(kafka: Broker, ps_cluste
         ("unknown_table", encode_delta(_delta(bad_ids, [[9] * 4, [9] * 4], table="nosuch"))),
         ("nan_values", encode_delta(_delta(bad_ids, [[9, 9, 9, 9], [9, np.nan, 9, 9]]))),
         ("invalid_json", b'{"model": "emb", "table": "item", "op": "upsert", "ids": [3100], "values": [[1'),
-        ("invalid_json", b'{"model": "emb", "table": "item", "op": "upsert", "ids": ["x"], "timestamp_ms": 1}'),
+        (
+            "invalid_json",
+            b'{"model": "emb", "table": "item", "op": "upsert", "ids": ["x"], "timestamp_ms": 1}',
+        ),
     ]
-    key = message_key("emb", 0)  # everything in one partition: the good one behind the bad ones must still pass
+    key = message_key(
+        "emb", 0
+    )  # everything in one partition: the good one behind the bad ones must still pass
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, enable_idempotence=True, acks="all")
     await producer.start()
     try:
@@ -203,8 +183,12 @@ async def test_bad_messages_go_to_the_dead_letter_topic(kafka: Broker, ps_cluste
             want = sum(1 for r, _ in bad if r == reason)
             assert _sample(upd, "embedgate_updater_dead_letters_total", {"reason": reason}) == want, reason
 
-    dlq = AIOKafkaConsumer(s["dead_letter_topic"], bootstrap_servers=kafka.bootstrap, auto_offset_reset="earliest",
-                           group_id=f"{unique}-dlq-reader")
+    dlq = AIOKafkaConsumer(
+        s["dead_letter_topic"],
+        bootstrap_servers=kafka.bootstrap,
+        auto_offset_reset="earliest",
+        group_id=f"{unique}-dlq-reader",
+    )
     await dlq.start()
     try:
         got = []
@@ -233,7 +217,11 @@ def _spawn_updater(config: dict[str, Any], workdir: Path, tag: str) -> subproces
         env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDGATE_")}
         return subprocess.Popen(
             [sys.executable, "-m", "embedgate", "updater", "--config", str(cfg)],
-            cwd=_REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            cwd=_REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     finally:
         log.close()
@@ -252,7 +240,7 @@ def _kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
 async def test_sigkill_mid_stream_then_restart_loses_nothing(
     kafka: Broker, ps_cluster: PsCluster, unique: str, tmp_path: Path
 ) -> None:
-    s = _settings(kafka, ps_cluster, unique, batch={"max_rows": 256, "max_delay_ms": 5})
+    s = updater_settings(kafka, ps_cluster, unique, batch={"max_rows": 256, "max_delay_ms": 5})
     keys = np.arange(5000, 5300, dtype=np.int64)
     rng = random.Random(7)
     expected: dict[int, list[float] | None] = {}
@@ -268,14 +256,18 @@ async def test_sigkill_mid_stream_then_restart_loses_nothing(
                     for k in ids[:20].tolist():
                         expected[k] = None
                 else:
-                    vals = np.stack([np.full(len(ids), rnd), ids, chosen, np.full(len(ids), 0.5)], 1).astype(np.float32)
+                    vals = np.stack([np.full(len(ids), rnd), ids, chosen, np.full(len(ids), 0.5)], 1).astype(
+                        np.float32
+                    )
                     await pub.publish(ps_cluster.manifest, "item", ids, vals)
                     for k, row in zip(ids.tolist(), vals.tolist(), strict=True):
                         expected[k] = row
                 if rnd == 8:
                     # make sure the first updater is really applying before it is killed
                     async def some_applied() -> bool:
-                        return bool((np.concatenate(await _rows(ps_cluster, "item", keys))[:, 3] == 0.5).any())
+                        return bool(
+                            (np.concatenate(await _rows(ps_cluster, "item", keys))[:, 3] == 0.5).any()
+                        )
 
                     await eventually(some_applied, what="first updater applying")
                 if rnd == 12:
@@ -311,7 +303,7 @@ async def test_shard_down_then_back_nothing_lost(kafka: Broker, ps_cluster: PsCl
     targets = {0: [target]}
     with contextlib.ExitStack() as stack:
         server = await asyncio.to_thread(stack.enter_context, serve_local(ps0, port=port))
-        s = _settings(kafka, ps_cluster, unique, models=[ps_cluster.model_config(shard0=[target])])
+        s = updater_settings(kafka, ps_cluster, unique, models=[ps_cluster.model_config(shard0=[target])])
         async with running(s) as upd, DeltaPublisher(kafka.bootstrap, topic=s["topics"][0]) as pub:
             v1 = np.full((60, 4), 1, np.float32)
             await pub.publish(ps_cluster.manifest, "item", ids, v1)
@@ -328,22 +320,32 @@ async def test_shard_down_then_back_nothing_lost(kafka: Broker, ps_cluster: PsCl
             v3 = v2.copy()
             v3[::2, 0] = 3
             await pub.publish(ps_cluster.manifest, "item", ids[::2], v3[::2])
-            failures_before = _sample(upd, "embedgate_updater_apply_failures_total",
-                                      {"model": "emb", "shard": "0", "retriable": "true"})
+            failures_before = _sample(
+                upd,
+                "embedgate_updater_apply_failures_total",
+                {"model": "emb", "shard": "0", "retriable": "true"},
+            )
             await asyncio.sleep(4)
             assert _sample(upd, "embedgate_updater_paused_partitions") >= 1
-            failures = _sample(upd, "embedgate_updater_apply_failures_total",
-                               {"model": "emb", "shard": "0", "retriable": "true"})
+            failures = _sample(
+                upd,
+                "embedgate_updater_apply_failures_total",
+                {"model": "emb", "shard": "0", "retriable": "true"},
+            )
             assert 1 <= failures - failures_before <= 30, "retries must back off, not spin"
             # shard 1 is unaffected unless its messages share shard 0's partition
             if pub_partition(s, 0) != pub_partition(s, 1):
-                assert all(np.array_equal(v[~shard0], v3[~shard0]) for v in await _rows(ps_cluster, "item", ids,
-                                                                                         {0: [ps_cluster.a.target]}))
+                assert all(
+                    np.array_equal(v[~shard0], v3[~shard0])
+                    for v in await _rows(ps_cluster, "item", ids, {0: [ps_cluster.a.target]})
+                )
 
             # back on the same port; it reloads the export from disk (v1 rows gone), the retried writes restore them
             await asyncio.to_thread(stack.enter_context, serve_local(ps0, port=port))
             await eventually(lambda: at(v3), timeout_s=40, what="every update after the shard returned")
-            await eventually(lambda: _zero(upd, "embedgate_updater_paused_partitions"), what="partitions resumed")
+            await eventually(
+                lambda: _zero(upd, "embedgate_updater_paused_partitions"), what="partitions resumed"
+            )
 
 
 async def _zero(upd: Updater, name: str) -> bool:
@@ -358,9 +360,10 @@ def pub_partition(settings: dict[str, Any], shard: int) -> int:
 
 
 # -- graceful shutdown ---------------------------------------------------------------------------------------------
-async def test_sigterm_finishes_commits_and_leaves(kafka: Broker, ps_cluster: PsCluster, unique: str,
-                                                   tmp_path: Path) -> None:
-    s = _settings(kafka, ps_cluster, unique)
+async def test_sigterm_finishes_commits_and_leaves(
+    kafka: Broker, ps_cluster: PsCluster, unique: str, tmp_path: Path
+) -> None:
+    s = updater_settings(kafka, ps_cluster, unique)
     ids = np.arange(8000, 8100, dtype=np.int64)
     values = np.full((100, 4), 8, np.float32)
     proc = _spawn_updater(s, tmp_path, "graceful")
@@ -379,10 +382,14 @@ async def test_sigterm_finishes_commits_and_leaves(kafka: Broker, ps_cluster: Ps
     log = (tmp_path / "updater-graceful.log").read_text()
     assert "offsets committed, group left" in log
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id=s["group_id"], enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=kafka.bootstrap, group_id=s["group_id"], enable_auto_commit=False
+    )
     await consumer.start()
     try:
-        tps = [TopicPartition(s["topics"][0], p) for p in range(4)]  # the updater created it with 4 partitions
+        tps = [
+            TopicPartition(s["topics"][0], p) for p in range(4)
+        ]  # the updater created it with 4 partitions
         ends = await consumer.end_offsets(tps)
         for tp in tps:
             assert await consumer.committed(tp) == (ends[tp] or None), tp

@@ -41,7 +41,10 @@ def test_yaml_and_env_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ("retry: {min_backoff_ms: 500, max_backoff_ms: 100}", "max_backoff_ms must be >= retry.min_backoff_ms"),
+        (
+            "retry: {min_backoff_ms: 500, max_backoff_ms: 100}",
+            "max_backoff_ms must be >= retry.min_backoff_ms",
+        ),
         ("dead_letter_topic: embedgate.deltas", "must not be one of topics"),
         ("bogus: 1", "bogus"),
         ("batch: {max_rows: 0}", "max_rows"),
@@ -58,5 +61,5 @@ def test_unreadable_and_non_mapping(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot read updater config"):
         UpdaterSettings.from_yaml(tmp_path / "missing.yaml")
     (tmp_path / "list.yaml").write_text("- 1\n")
-    with pytest.raises(ValueError, match="must be a YAML mapping"):
+    with pytest.raises(TypeError, match="must be a YAML mapping"):
         UpdaterSettings.from_yaml(tmp_path / "list.yaml")

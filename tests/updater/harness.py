@@ -1,0 +1,65 @@
+"""Shared pieces of the updater's integration tests: settings for a test, the updater running in the test's event
+loop, and a bounded async poll."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from schemas.updater_settings import UpdaterSettings
+from tests.support.kafka import Broker
+from tests.updater.conftest import PsCluster
+from updater.consumer import Updater
+
+__all__ = ["eventually", "running", "updater_settings"]
+
+
+def updater_settings(kafka: Broker, cluster: PsCluster | None, name: str, **over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "models": [cluster.model_config()] if cluster is not None else [],
+        "bootstrap_servers": kafka.bootstrap,
+        "topics": [f"{name}.deltas"],
+        "dead_letter_topic": f"{name}.dlq",
+        "hps_topic_pattern": None,
+        "group_id": f"{name}-group",
+        "client_id": f"{name}-updater",
+        "session_timeout_ms": 3000,
+        "heartbeat_interval_ms": 300,
+        "metrics_port": 0,
+        "batch": {"max_rows": 4096, "max_delay_ms": 10},
+        "retry": {"min_backoff_ms": 100, "max_backoff_ms": 1000},
+        "apply_deadline_s": 3.0,
+    }
+    base.update(over)
+    return base
+
+
+@contextlib.asynccontextmanager
+async def running(settings: dict[str, Any]) -> AsyncIterator[Updater]:
+    """The updater in this event loop; stopped gracefully (and awaited, bounded) at exit."""
+    upd = Updater(UpdaterSettings(**settings))
+    task = asyncio.create_task(upd.run())
+    ready = asyncio.create_task(upd.ready.wait())
+    try:
+        await asyncio.wait({task, ready}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()  # the updater failed while starting: raise its error here
+        assert ready.done(), "updater not ready within 30 s"
+        yield upd
+    finally:
+        ready.cancel()
+        upd.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def eventually(
+    cond: Callable[[], Awaitable[bool]], timeout_s: float = 30.0, what: str = "condition"
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s} s")
+        await asyncio.sleep(0.2)

@@ -1,0 +1,83 @@
+"""End to end: a published embedding changes the prediction served by the gateway's REST predict.
+
+Real everything: the small demo model on its own serve-local (so the shared ``demo_backends`` stays untouched), the
+gateway as a subprocess, the updater in this event loop, the session's Kafka broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from schemas.manifest import FeatureKind, entry_model_name, ps_dir_name, ps_model_name
+from tests.support.kafka import Broker
+from tests.updater.harness import running, updater_settings
+from updater.producer import DeltaPublisher
+
+pytestmark = pytest.mark.integration
+
+
+async def _predict(client: httpx.AsyncClient, url: str, instance: dict[str, Any]) -> np.ndarray:
+    r = await client.post(url, content=json.dumps({"instances": [instance]}))
+    assert r.status_code == 200, r.text
+    pred = r.json()["predictions"][0]
+    if isinstance(pred, dict):
+        pred = next(iter(pred.values()))
+    return np.asarray(pred, dtype=np.float64).reshape(-1)
+
+
+async def test_published_embedding_changes_gateway_prediction(
+    kafka: Broker, demo_artifacts: Any, tmp_path: Path, unique: str
+) -> None:
+    from tests.support.gateway import run_gateway
+    from tests.support.servers import serve_local
+
+    manifest = demo_artifacts.manifest
+    name = manifest.model_name
+    served = {entry_model_name(name): demo_artifacts.model_dir / "entry"}
+    for i in range(manifest.num_shards):
+        served[ps_model_name(name, i)] = demo_artifacts.model_dir / ps_dir_name(i)
+    feature = next(f for f in manifest.sparse_features if f.kind is FeatureKind.SINGLE)
+    table = manifest.table(feature.table)
+    instance = dict(demo_artifacts.instances[0])
+    raw_id = instance[feature.name]
+    the_id = int(raw_id[0] if isinstance(raw_id, list) else raw_id)
+
+    with contextlib.ExitStack() as stack:
+        server = await asyncio.to_thread(stack.enter_context, serve_local(served))
+        model = {
+            "kind": "embedding",
+            "name": name,
+            "manifest": str(demo_artifacts.model_dir),
+            "entry": server.target,
+            "shards": [{"replicas": [server.target]} for _ in range(manifest.num_shards)],
+        }
+        cfg = tmp_path / "gateway.yaml"
+        cfg.write_text(yaml.safe_dump({"models": [model]}))
+        gw = await asyncio.to_thread(stack.enter_context, run_gateway(cfg))
+        url = f"{gw.url}/v1/models/{name}:predict"
+        s = updater_settings(kafka, None, unique, models=[model])  # type: ignore[arg-type]
+        async with httpx.AsyncClient(timeout=10) as client, running(s):
+            before = await _predict(client, url, instance)
+            async with DeltaPublisher(kafka.bootstrap, topic=s["topics"][0]) as pub:
+                t0 = time.monotonic()
+                await pub.publish(manifest, table.name, [the_id], np.full((1, table.dim), 3.0, np.float32))
+            deadline = time.monotonic() + 20
+            after = before
+            while np.allclose(after, before) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                after = await _predict(client, url, instance)
+            visible_s = time.monotonic() - t0
+        assert not np.allclose(after, before), (
+            f"prediction did not change after publishing {feature.table}[{the_id}]"
+        )
+        assert visible_s < 5, f"update took {visible_s:.2f} s to reach predictions"
