@@ -153,11 +153,20 @@ def write_artifacts(model_dir: Path, manifest: Manifest, build: Any, *, overwrit
             new.rename(model_dir)
             return
         _publish_into(model_dir, stage, subdirs, ver, tmp)
-        mtmp = tmp / MANIFEST_FILE
-        mtmp.write_text(manifest.dumps(), encoding="utf-8")
-        mtmp.replace(model_dir / MANIFEST_FILE)
+        if manifest.version >= _current_version(model_dir):
+            # The manifest describes the newest version (the one TF Serving's latest policy serves).
+            mtmp = tmp / MANIFEST_FILE
+            mtmp.write_text(manifest.dumps(), encoding="utf-8")
+            mtmp.replace(model_dir / MANIFEST_FILE)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _current_version(model_dir: Path) -> int:
+    try:
+        return Manifest.load(model_dir).version
+    except ValueError:
+        return 0
 
 
 def _publish_into(model_dir: Path, stage: Path, subdirs: list[str], ver: str, tmp: Path) -> None:

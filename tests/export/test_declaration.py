@@ -10,6 +10,7 @@ import pytest
 
 from embedgate.export.declaration import Declaration, DeclarationError, load_declaration
 from embedgate.export.exporter import ExportError, export_model
+from schemas.manifest import Manifest
 from tests.export.conftest import DECLARATION
 
 
@@ -136,6 +137,7 @@ def test_existing_version_refused_then_overwritten(model: Any, out_dir: Path) ->
         export_model(model, decl, out_dir, num_shards=1, version=1)
     r3 = export_model(model, decl, out_dir, num_shards=1, version=1, overwrite=True)
     assert r3.version == 1
+    assert Manifest.load(out_dir / "tiny").version == 2  # the manifest keeps describing the newest version
     assert sorted(p.name for p in (out_dir / "tiny" / "entry").iterdir()) == ["1", "2"]
     assert sorted(p.name for p in out_dir.iterdir()) == ["tiny"]  # no temp dir left
 
