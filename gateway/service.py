@@ -24,13 +24,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import numpy as np
 from google.protobuf import json_format
 
 from gateway.backends.client import BackendClient, ReplicaSet
 from gateway.codec import json_tensor as jt
 from gateway.codec.tensor import from_ndarray, to_ndarray
-from gateway.errors import GatewayError, Internal, InvalidArgument, NotFound
+from gateway.errors import FailedPrecondition, GatewayError, Internal, InvalidArgument, NotFound
 from schemas.deployment import EmbeddingModel, PassthroughModel
 from schemas.manifest import (
     LOOKUP_SIGNATURE,
@@ -100,12 +101,13 @@ class MetadataCache:
         self._entries: dict[tuple[str, int | None], tuple[float, int, tfs_pb2.SignatureDefMap]] = {}
 
     async def get(
-        self, client: BackendClient, served: str, version: int | None, deadline: float
+        self, client: BackendClient, served: str, version: int | None, deadline: float, *, fresh: bool = False
     ) -> tuple[int, tfs_pb2.SignatureDefMap]:
+        """(resolved version, signatures); ``fresh`` skips the cache (and refills it)."""
         key = (served, version)
         hit = self._entries.get(key)
         now = time.monotonic()
-        if hit is not None and hit[0] > now:
+        if hit is not None and hit[0] > now and not fresh:
             return hit[1], hit[2]
         req = tfs_pb2.GetModelMetadataRequest(model_spec=_spec(served, version), metadata_field=["signature_def"])
         resp = await client.get_model_metadata(req, deadline)
@@ -115,6 +117,10 @@ class MetadataCache:
         resolved = resp.model_spec.version.value if resp.model_spec.HasField("version") else (version or 0)
         self._entries[key] = (now + self._ttl, resolved, sigmap)
         return resolved, sigmap
+
+    def cached_version(self, served: str, version: int | None) -> int | None:
+        hit = self._entries.get((served, version))
+        return hit[1] if hit is not None else None
 
     def invalidate(self, served: str, version: int | None) -> None:
         self._entries.pop((served, version), None)
@@ -159,6 +165,24 @@ class PassthroughServable:
         return _renamed(exc, self.served, self.name)
 
     async def predict(self, doc: Mapping[str, Any], sig: str, version: int | None, deadline: float) -> Reply:
+        try:
+            return await self._predict(doc, sig, version, deadline)
+        except (InvalidArgument, FailedPrecondition) as exc:
+            # The backend rejected tensors built from cached metadata: if the latest version changed meanwhile,
+            # refresh the signature and try once more.
+            if version is not None or not isinstance(exc.__cause__, grpc.RpcError):
+                raise
+            before = self.cache.cached_version(self.served, None)
+            self.cache.invalidate(self.served, None)
+            try:
+                after, _ = await self.cache.get(self.client, self.served, None, deadline)
+            except GatewayError:
+                raise exc from exc.__cause__
+            if after == before:
+                raise
+            return await self._predict(doc, sig, version, deadline)
+
+    async def _predict(self, doc: Mapping[str, Any], sig: str, version: int | None, deadline: float) -> Reply:
         try:
             used, sigmap = await self.cache.get(self.client, self.served, version, deadline)
             key = sig or DEFAULT_SIGNATURE
@@ -208,7 +232,7 @@ class PassthroughServable:
 
     async def metadata(self, version: int | None, deadline: float) -> Reply:
         try:
-            used, sigmap = await self.cache.get(self.client, self.served, version, deadline)
+            used, sigmap = await self.cache.get(self.client, self.served, version, deadline, fresh=True)
         except GatewayError as exc:
             raise self._err(exc) from exc.__cause__
         visible = tfs_pb2.SignatureDefMap()
@@ -362,7 +386,7 @@ class EmbeddingServable:
         from gateway.features import client_signature
 
         try:
-            used, sigmap = await self.cache.get(self.entry, self.served, version, deadline)
+            used, sigmap = await self.cache.get(self.entry, self.served, version, deadline, fresh=True)
         except GatewayError as exc:
             raise self._err(exc) from exc.__cause__
         if self.signature not in sigmap.signature_def:

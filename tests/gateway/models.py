@@ -82,3 +82,26 @@ def build_models(root: Path) -> dict[str, Path]:
             b.save()
     out["cr"] = root / "cr"
     return out
+
+
+def build_retyped(base: Path, version: int) -> Path:
+    """``retyped``: v1 takes float32 x (y = x + 1), v2 takes int64 x (y = 10 x): a signature change across versions."""
+    import tensorflow as tf
+
+    if version == 1:
+        class V1(tf.Module):
+            @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+            def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+                return {"y": x + 1.0}
+
+        m: tf.Module = V1()
+    else:
+        class V2(tf.Module):
+            @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="x")])
+            def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+                return {"y": tf.cast(x, tf.float32) * 10.0}
+
+        m = V2()
+    path = base / str(version)
+    tf.saved_model.save(m, str(path), signatures={"serving_default": m.serve})  # type: ignore[attr-defined]
+    return path
