@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -359,11 +360,19 @@ def pub_partition(settings: dict[str, Any], shard: int) -> int:
     return (murmur2(message_key("emb", shard)) & 0x7FFFFFFF) % 4
 
 
+def _scrape(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:  # noqa: S310 - 127.0.0.1
+        return r.read().decode()
+
+
 # -- graceful shutdown ---------------------------------------------------------------------------------------------
 async def test_sigterm_finishes_commits_and_leaves(
     kafka: Broker, ps_cluster: PsCluster, unique: str, tmp_path: Path
 ) -> None:
-    s = updater_settings(kafka, ps_cluster, unique)
+    metrics_port = free_port()
+    s = updater_settings(kafka, ps_cluster, unique, metrics_port=metrics_port)
     ids = np.arange(8000, 8100, dtype=np.int64)
     values = np.full((100, 4), 8, np.float32)
     proc = _spawn_updater(s, tmp_path, "graceful")
@@ -375,6 +384,11 @@ async def test_sigterm_finishes_commits_and_leaves(
             return all(np.array_equal(v, values) for v in await _rows(ps_cluster, "item", ids))
 
         await eventually(visible, what="rows applied by the subprocess updater")
+        metrics = await asyncio.to_thread(_scrape, metrics_port)
+        applied = re.search(r'embedgate_updater_rows_applied_total\{model="emb",op="upsert",table="item"\} (\S+)', metrics)
+        assert applied is not None and float(applied.group(1)) >= 100
+        for name in ("consumer_lag{", "apply_latency_seconds_bucket", "freshness_seconds_bucket", "commits_total"):
+            assert f"embedgate_updater_{name}" in metrics, name
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 30) == 0
     finally:
