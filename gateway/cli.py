@@ -46,5 +46,5 @@ def _run(args: argparse.Namespace) -> int:
                          "models": [m.name for m in settings.models]}
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                timeout_graceful_shutdown=10, timeout_keep_alive=75)
+                timeout_graceful_shutdown=10, timeout_keep_alive=75, loop="asyncio")
     return 0
