@@ -26,7 +26,7 @@ class _Strict(BaseModel):
 
 
 class BatchSettings(_Strict):
-    max_rows: int = Field(8192, gt=0, description="rows gathered before a batch is applied")
+    max_messages: int = Field(1024, gt=0, description="Kafka messages gathered before a batch is applied")
     max_delay_ms: int = Field(
         20, ge=0, le=60_000, description="longest a batch waits to fill once it has a record"
     )

@@ -65,11 +65,17 @@ def _run_updater(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    from aiokafka.errors import KafkaError
+
     try:
         return asyncio.run(_serve(settings))
     except ConfigError as exc:
         print(f"embedgate updater: {exc}", file=sys.stderr)
         return 2
+    except KafkaError as exc:
+        # nothing was committed past what every replica acknowledged; a restart resumes from there
+        print(f"embedgate updater: Kafka at {settings.bootstrap_servers}: {exc!r}", file=sys.stderr)
+        return 1
 
 
 async def _serve(settings: Any) -> int:

@@ -3,7 +3,7 @@
 :class:`Updater` composes an aiokafka consumer group member (``enable_auto_commit=False``), a dead-letter producer,
 a :class:`updater.apply.ShardWriter` and :class:`updater.metrics.UpdaterMetrics`. One iteration of :meth:`run`:
 
-1. **fetch** up to ``batch.max_rows`` rows, waiting at most ``batch.max_delay_ms`` once a record arrived;
+1. **fetch** up to ``batch.max_messages`` messages, waiting at most ``batch.max_delay_ms`` once a record arrived;
 2. **decode + validate** every record (binary/JSON deltas on ``topics``, HPS records on ``hps_et.*``): invalid ones
    are produced to the dead-letter topic with the reason in headers and count as done; HPS beacons are skipped;
 3. **group** valid rows per (model, shard, table), last value per id wins, in arrival order; a group whose key is
@@ -54,6 +54,7 @@ __all__ = ["Updater", "load_models"]
 log = logging.getLogger("embedgate.updater")
 
 _HPS_RE = re.compile(r"^hps_et\.")
+_PROGRESS_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,8 @@ class Updater:
         self._committed: dict[TopicPartition, int] = {}
         self._paused: set[TopicPartition] = set()
         self._generation = 0
+        self._last_progress = time.monotonic()
+        self._last_applied = 0.0
         self.ready = asyncio.Event()
 
     # -- life cycle -------------------------------------------------------------------------------------------
@@ -201,6 +204,24 @@ class Updater:
             await self._commit()
             self._update_pauses()
             self._update_lag()
+            self._log_progress()
+
+    def _log_progress(self) -> None:
+        """One INFO line per ``_PROGRESS_EVERY_S`` while something happened: rows, waiting groups, paused partitions."""
+        now = time.monotonic()
+        if now - self._last_progress < _PROGRESS_EVERY_S:
+            return
+        self._last_progress = now
+        applied = _total(self.metrics.rows_applied)
+        if applied == self._last_applied and not self._waiting:
+            return
+        log.info(
+            "applied %d rows since the last report; %d groups waiting for a shard, %d partitions paused",
+            applied - self._last_applied,
+            len(self._waiting),
+            len(self._paused),
+        )
+        self._last_applied = applied
 
     def _fetch_timeout_s(self) -> float:
         timeout = 0.2
@@ -214,7 +235,7 @@ class Updater:
         assert self._consumer is not None
         s = self.settings.batch
         out: list[Any] = []
-        rows = 0
+        count = 0
         deadline: float | None = None
         for _ in range(1000):  # bounded: each pass either waits or gathers records
             if deadline is None:
@@ -222,15 +243,14 @@ class Updater:
             else:
                 timeout = max(0.0, deadline - time.monotonic())
             got = await self._consumer.getmany(
-                timeout_ms=int(timeout * 1000), max_records=max(1, s.max_rows - rows)
+                timeout_ms=int(timeout * 1000), max_records=max(1, s.max_messages - count)
             )
             for tp, recs in got.items():
-                for r in recs:
-                    out.append(r)
-                    rows += 1
+                out.extend(recs)
+                count += len(recs)
                 if recs:
                     self._seen[tp] = recs[-1].offset + 1
-            if not out or rows >= s.max_rows or self._stop.is_set():
+            if not out or count >= s.max_messages or self._stop.is_set():
                 break
             if deadline is None:
                 deadline = time.monotonic() + s.max_delay_ms / 1000
@@ -475,3 +495,7 @@ def _unique_records(records: list[Any]) -> list[Any]:
             seen.add(k)
             out.append(r)
     return out
+
+
+def _total(counter: Any) -> float:
+    return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))

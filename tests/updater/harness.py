@@ -29,7 +29,7 @@ def updater_settings(kafka: Broker, cluster: PsCluster | None, name: str, **over
         "session_timeout_ms": 3000,
         "heartbeat_interval_ms": 300,
         "metrics_port": 0,
-        "batch": {"max_rows": 4096, "max_delay_ms": 10},
+        "batch": {"max_messages": 512, "max_delay_ms": 10},
         "retry": {"min_backoff_ms": 100, "max_backoff_ms": 1000},
         "apply_deadline_s": 3.0,
     }

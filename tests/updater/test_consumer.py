@@ -241,7 +241,7 @@ def _kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
 async def test_sigkill_mid_stream_then_restart_loses_nothing(
     kafka: Broker, ps_cluster: PsCluster, unique: str, tmp_path: Path
 ) -> None:
-    s = updater_settings(kafka, ps_cluster, unique, batch={"max_rows": 256, "max_delay_ms": 5})
+    s = updater_settings(kafka, ps_cluster, unique, batch={"max_messages": 8, "max_delay_ms": 5})
     keys = np.arange(5000, 5300, dtype=np.int64)
     rng = random.Random(7)
     expected: dict[int, list[float] | None] = {}
@@ -363,7 +363,7 @@ def pub_partition(settings: dict[str, Any], shard: int) -> int:
 def _scrape(port: int) -> str:
     import urllib.request
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:  # noqa: S310 - 127.0.0.1
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         return r.read().decode()
 
 
@@ -385,9 +385,16 @@ async def test_sigterm_finishes_commits_and_leaves(
 
         await eventually(visible, what="rows applied by the subprocess updater")
         metrics = await asyncio.to_thread(_scrape, metrics_port)
-        applied = re.search(r'embedgate_updater_rows_applied_total\{model="emb",op="upsert",table="item"\} (\S+)', metrics)
+        applied = re.search(
+            r'embedgate_updater_rows_applied_total\{model="emb",op="upsert",table="item"\} (\S+)', metrics
+        )
         assert applied is not None and float(applied.group(1)) >= 100
-        for name in ("consumer_lag{", "apply_latency_seconds_bucket", "freshness_seconds_bucket", "commits_total"):
+        for name in (
+            "consumer_lag{",
+            "apply_latency_seconds_bucket",
+            "freshness_seconds_bucket",
+            "commits_total",
+        ):
             assert f"embedgate_updater_{name}" in metrics, name
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 30) == 0
@@ -409,3 +416,27 @@ async def test_sigterm_finishes_commits_and_leaves(
             assert await consumer.committed(tp) == (ends[tp] or None), tp
     finally:
         await consumer.stop()
+
+
+# -- startup checks --------------------------------------------------------------------------------------------------
+def test_models_must_match_their_manifests(tmp_path: Path) -> None:
+    from schemas.deployment import EmbeddingModel
+    from tests.updater.test_producer import MANIFEST  # model "emb", 3 shards
+    from updater.consumer import load_models
+    from updater.errors import ConfigError
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "manifest.json").write_text(MANIFEST.dumps())
+
+    def model(name: str, shards: int, manifest: Path) -> EmbeddingModel:
+        return EmbeddingModel(
+            name=name, manifest=manifest, entry="127.0.0.1:1", shards=[{"replicas": ["127.0.0.1:1"]}] * shards
+        )
+
+    assert set(load_models([model("emb", 3, tmp_path / "m")])) == {"emb"}
+    with pytest.raises(ConfigError, match="2 shards configured, the manifest has 3"):
+        load_models([model("emb", 2, tmp_path / "m")])
+    with pytest.raises(ConfigError, match="describes model 'emb'"):
+        load_models([model("other", 3, tmp_path / "m")])
+    with pytest.raises(ConfigError, match="cannot read manifest"):
+        load_models([model("emb", 3, tmp_path / "missing")])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -33,7 +34,9 @@ MANIFEST = Manifest.model_validate(
 )
 
 
-async def _consume(kafka: Broker, topic: str, count: int, timeout_s: float = 20) -> list[tuple[int, bytes, bytes]]:
+async def _consume(
+    kafka: Broker, topic: str, count: int, timeout_s: float = 20
+) -> list[tuple[int, bytes, bytes]]:
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka.bootstrap, auto_offset_reset="earliest")
     await consumer.start()
     out: list[tuple[int, bytes, bytes]] = []
@@ -51,7 +54,9 @@ async def test_publish_splits_by_shard_keys_and_chunks(kafka: Broker, unique: st
     topic = f"{unique}.deltas"
     ids = np.arange(1000, dtype=np.int64)
     values = np.repeat(ids[:, None], 4, axis=1).astype(np.float32)
-    async with DeltaPublisher(kafka.bootstrap, topic=topic, max_rows_per_message=100, producer_id="p1") as pub:
+    async with DeltaPublisher(
+        kafka.bootstrap, topic=topic, max_rows_per_message=100, producer_id="p1"
+    ) as pub:
         res = await pub.publish(MANIFEST, "item", ids, values, timestamp_ms=42)
     shards = shard_for(ids, 3)
     assert res.rows_per_shard == {s: int((shards == s).sum()) for s in range(3)}
@@ -72,7 +77,9 @@ async def test_publish_splits_by_shard_keys_and_chunks(kafka: Broker, unique: st
         seqs.setdefault(shard, []).append(d.sequence)
         seen.extend(d.ids.tolist())
     assert sorted(seen) == ids.tolist()
-    assert all(s == list(range(len(s))) for s in seqs.values()), "sequence counts messages per shard, in order"
+    assert all(s == list(range(len(s))) for s in seqs.values()), (
+        "sequence counts messages per shard, in order"
+    )
 
 
 async def test_publish_rejects_bad_rows(kafka: Broker) -> None:
@@ -110,7 +117,11 @@ def test_load_rows_sources(tmp_path: Path) -> None:
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "embedgate", "publish", *args],
-        cwd=_REPO, capture_output=True, text=True, timeout=60, check=False,
+        cwd=_REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -122,20 +133,33 @@ async def test_publish_cli(kafka: Broker, unique: str, tmp_path: Path) -> None:
     hps.mkdir()
     np.asarray([7, 8, 9], "<i8").tofile(hps / "key")
     np.full(12, 0.25, "<f4").tofile(hps / "emb_vector")
-    common = ["--bootstrap", kafka.bootstrap, "--topic", topic, "--manifest", str(tmp_path / "m"), "--table", "item"]
+    common = [
+        "--bootstrap",
+        kafka.bootstrap,
+        "--topic",
+        topic,
+        "--manifest",
+        str(tmp_path / "m"),
+        "--table",
+        "item",
+    ]
     runs = [
         ["--id", "12", "--fill", "0.5"],
         ["--id", "13", "--values", "0.1,0.2,0.3,0.4", "--format", "json"],
         ["--from", str(hps)],
         ["--id", "12", "--delete"],
     ]
+    messages = 0
     for extra in runs:
         proc = _cli(*common, *extra)
         assert proc.returncode == 0, proc.stderr
-        assert "published" in proc.stdout
+        found = re.search(r"^published \d+ \w+ of emb\.item in (\d+) messages", proc.stdout)
+        assert found, proc.stdout
+        messages += int(found.group(1))
     bad = _cli(*common, "--id", "12", "--values", "1,2")
     assert bad.returncode == 2 and "has dim 4" in bad.stderr
-    got = [decode_delta(v) for _, _, v in await _consume(kafka, topic, 6)]
+    got = [decode_delta(v) for _, _, v in await _consume(kafka, topic, messages)]
+    assert len(got) == messages
     by_id: dict[int, list[EmbeddingDelta]] = {}
     for d in got:
         for i in d.ids.tolist():

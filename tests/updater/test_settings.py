@@ -20,7 +20,7 @@ models:
     name: plain
     target: '127.0.0.1:8600'
 bootstrap_servers: '127.0.0.1:9092'
-batch: {max_rows: 100}
+batch: {max_messages: 100}
 """
 
 
@@ -31,7 +31,7 @@ def test_yaml_and_env_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("EMBEDGATE_BOOTSTRAP_SERVERS", "10.0.0.1:9092")
     monkeypatch.setenv("EMBEDGATE_TOPICS", '["a", "b"]')
     s = UpdaterSettings.from_yaml(cfg)
-    assert s.batch.max_rows == 100 and s.batch.max_delay_ms == 7
+    assert s.batch.max_messages == 100 and s.batch.max_delay_ms == 7
     assert s.bootstrap_servers == "10.0.0.1:9092"
     assert s.topics == ["a", "b"]
     assert [m.name for m in s.embedding_models] == ["demo"]  # passthrough models are ignored
@@ -47,7 +47,7 @@ def test_yaml_and_env_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         ),
         ("dead_letter_topic: embedgate.deltas", "must not be one of topics"),
         ("bogus: 1", "bogus"),
-        ("batch: {max_rows: 0}", "max_rows"),
+        ("batch: {max_messages: 0}", "max_messages"),
     ],
 )
 def test_bad_values_rejected(tmp_path: Path, extra: str, message: str) -> None:
