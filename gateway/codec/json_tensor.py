@@ -489,18 +489,18 @@ def _from_inputs(val: Any, dtypes: Mapping[str, int]) -> dict[str, np.ndarray]:
 
 def format_float(v: float, *, double: bool = False) -> str:
     """One float as TF Serving's ``WriteDecimal`` prints it (float32 unless ``double``)."""
-    if v != v:
+    if math.isnan(v):
         return "NaN"
     if v in (math.inf, -math.inf):
         return "Infinity" if v > 0 else "-Infinity"
-    s = "%g" % v
+    s = format(v, "g")
     back = float(s)
     if double:
         ok = back == v
     else:
         ok = float(np.float32(back)) == v
     if not ok:
-        s = ("%.17g" if double else "%.9g") % v
+        s = format(v, ".17g" if double else ".9g")
     if "." not in s and "e" not in s:
         s += ".0"
     return s

@@ -29,14 +29,14 @@ bad = sorted(m for m in sys.modules if m == "tensorflow" or m.startswith(("tenso
 print(bad)
 assert not bad, bad
 """
-    r = subprocess.run([sys.executable, "-c", code], cwd=_REPO, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], check=False, cwd=_REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr + r.stdout
 
 
 def test_bad_config_exits_with_message(tmp_path: Path) -> None:
     cfg = tmp_path / "gw.yaml"
     cfg.write_text("models: []\n")
-    r = subprocess.run([sys.executable, "-m", "embedgate", "gateway", "--config", str(cfg)], cwd=_REPO,
+    r = subprocess.run([sys.executable, "-m", "embedgate", "gateway", "--config", str(cfg)], check=False, cwd=_REPO,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "invalid configuration" in r.stderr and "models" in r.stderr

@@ -116,14 +116,14 @@ GOLDEN_ERRORS: list[tuple[str, dict[str, int], str]] = [
     ('{"instances": [1,[1]]}', {"x": DT.DT_FLOAT},
      "Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: Expecting shape [] but got: [1]"),
     ('{"instances": [1, 2]}', {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
-     "instances is a plain list, but expecting list of objects as multiple input tensors required as per "
-     "tensorinfo_map"),
+     ("instances is a plain list, but expecting list of objects as multiple input tensors required as per "
+      "tensorinfo_map")),
     ('{"instances": [{"a": 1, "b": 2}, [1]]}', {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
      "Expecting object but got list at item 1 of input list"),
     ('{"instances": [1, {"a": 1}]}', {"a": DT.DT_FLOAT}, "Expecting value/list but got object at item 1 of input list"),
     ('{"instances": [{"a": 1, "c": 2}]}', {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
-     "Failed to process element: 0 key: c of 'instances' list. Error: INVALID_ARGUMENT: "
-     "JSON object: does not have named input: c"),
+     ("Failed to process element: 0 key: c of 'instances' list. Error: INVALID_ARGUMENT: "
+      "JSON object: does not have named input: c")),
     ('{"instances": [{"a": 1}]}', {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
      'Failed to process element: 0 of \'instances\' list. JSON object: {\n    "a": 1\n} keys must be equal to: a,b'),
     ('{"inputs": [1, 2]}', {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
@@ -166,7 +166,7 @@ def test_b64_absl_rules(text: str, raw: bytes) -> None:
     assert jt.b64decode(text) == raw
 
 
-@pytest.mark.parametrize("text", ["aGk==", "a", "aG-_", "a=Gk", "aGk=="])
+@pytest.mark.parametrize("text", ["aGk==", "a", "aG-_", "a=Gk", "aGk=x"])
 def test_b64_rejects(text: str) -> None:
     with pytest.raises(InvalidArgument, match="Unable to base64 decode"):
         jt.b64decode(text)

@@ -1,0 +1,32 @@
+"""Public names of the gateway modules (a change here is an API change for the other teams)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+SURFACE = {
+    "gateway.app": ["create_app"],
+    "gateway.service": ["EmbeddingServable", "Gateway", "MetadataCache", "PassthroughServable", "Reply",
+                        "VersionSpec", "is_hidden_signature"],
+    "gateway.backends": ["BackendClient", "CallObserver", "ReplicaSet", "error_from_rpc", "map_grpc_errors",
+                         "open_channel"],
+    "gateway.codec.tensor": ["NP_DTYPES", "dtype_for", "from_ndarray", "to_ndarray"],
+    "schemas.gateway_settings": ["GatewaySettings", "GrpcSettings", "LogSettings", "load_settings"],
+    "tests.support.gateway": ["GatewayProc", "run_gateway"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(SURFACE))
+def test_all_is_pinned(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert sorted(mod.__all__) == sorted(SURFACE[module])
+    for name in mod.__all__:
+        assert hasattr(mod, name), name
+
+
+def test_json_tensor_exports_exist() -> None:
+    mod = importlib.import_module("gateway.codec.json_tensor")
+    for name in mod.__all__:
+        assert hasattr(mod, name), name
