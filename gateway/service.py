@@ -164,9 +164,11 @@ class PassthroughServable:
     def _err(self, exc: GatewayError) -> GatewayError:
         return _renamed(exc, self.served, self.name)
 
-    async def predict(self, doc: Mapping[str, Any], sig: str, version: int | None, deadline: float) -> Reply:
+    async def predict(
+        self, doc: Mapping[str, Any], sig: str, version: int | None, deadline: float, *, fast: bool = False
+    ) -> Reply:
         try:
-            return await self._predict(doc, sig, version, deadline)
+            return await self._predict(doc, sig, version, deadline, fast)
         except (InvalidArgument, FailedPrecondition) as exc:
             # The backend rejected tensors built from cached metadata: if the latest version changed meanwhile,
             # refresh the signature and try once more.
@@ -180,9 +182,11 @@ class PassthroughServable:
                 raise exc from exc.__cause__
             if after == before:
                 raise
-            return await self._predict(doc, sig, version, deadline)
+            return await self._predict(doc, sig, version, deadline, fast)
 
-    async def _predict(self, doc: Mapping[str, Any], sig: str, version: int | None, deadline: float) -> Reply:
+    async def _predict(
+        self, doc: Mapping[str, Any], sig: str, version: int | None, deadline: float, fast: bool
+    ) -> Reply:
         try:
             used, sigmap = await self.cache.get(self.client, self.served, version, deadline)
             key = sig or DEFAULT_SIGNATURE
@@ -192,7 +196,7 @@ class PassthroughServable:
             dtypes = {k: v.dtype for k, v in sigdef.inputs.items()}
             if not dtypes:
                 raise InvalidArgument(f"Failed to get input map for signature: {sig or 'DEFAULT'}")
-            tensors, fmt = jt.tensors_from_request(doc, dtypes)
+            tensors, fmt = jt.tensors_from_request(doc, dtypes, fast=fast)
             req = tfs_pb2.PredictRequest(model_spec=_spec(self.served, version, sig))
             for k, arr in tensors.items():
                 req.inputs[k].CopyFrom(from_ndarray(arr, dtypes[k]))
@@ -329,7 +333,9 @@ class EmbeddingServable:
         outputs = {k: to_ndarray(t) for k, t in resp.outputs.items()}
         return outputs, _version_of(resp)
 
-    async def predict(self, doc: Mapping[str, Any], sig: str, version: int | None, deadline: float) -> Reply:
+    async def predict(
+        self, doc: Mapping[str, Any], sig: str, version: int | None, deadline: float, *, fast: bool = False
+    ) -> Reply:
         from gateway.features import batch_from_columns, batch_from_instances
 
         self._check_signature(sig)
@@ -439,7 +445,7 @@ class Gateway:
         sig = jt.signature_name(doc)
         self._check_hidden(sig, name, spec)
         m, version = self._resolve(name, spec)
-        return await m.predict(doc, sig, version, deadline)
+        return await m.predict(doc, sig, version, deadline, fast=not jt.may_contain_bools(body))
 
     async def _classify_regress(self, method: str, name: str, spec: VersionSpec, body: bytes, deadline: float) -> Reply:
         from gateway.codec.example import input_from_json

@@ -245,3 +245,48 @@ def test_ragged_values_error_or_are_dense(value: Any) -> None:
     except InvalidArgument:
         return
     assert np.asarray(out["x"]).tolist() == value
+
+
+# ---- the numpy fast path agrees with the exact path ------------------------------------------------------------
+
+_leaf = st.one_of(st.integers(-(2**65), 2**65), st.floats(width=64), st.sampled_from(["s", None]))
+_nested = st.recursive(_leaf, lambda c: st.lists(c, max_size=3), max_leaves=10)
+
+
+def _outcome(doc: dict[str, Any], dtypes: dict[str, int], fast: bool) -> Any:
+    try:
+        out, fmt = jt.tensors_from_request(doc, dtypes, fast=fast)
+    except (InvalidArgument, Unimplemented) as exc:
+        return ("error", type(exc).__name__, exc.message)
+    return ("ok", fmt, {k: (v.dtype.str, v.shape, v.tobytes()) for k, v in out.items()})
+
+
+@settings(max_examples=300, deadline=None)
+@given(_nested, st.sampled_from([DT.DT_FLOAT, DT.DT_DOUBLE, DT.DT_INT32, DT.DT_INT64, DT.DT_UINT64, DT.DT_INT8]),
+       st.sampled_from(["inputs", "instances", "named"]))
+def test_fast_path_equals_exact_path(value: Any, dtype: int, form: str) -> None:
+    if form == "inputs":
+        doc: dict[str, Any] = {"inputs": value}
+    elif form == "instances":
+        doc = {"instances": value if isinstance(value, list) and value else [value]}
+    else:
+        items = value if isinstance(value, list) and value else [value]
+        doc = {"instances": [{"x": v} for v in items]}
+    assert _outcome(doc, {"x": dtype}, True) == _outcome(doc, {"x": dtype}, False)
+
+
+def test_may_contain_bools() -> None:
+    assert jt.may_contain_bools(b'{"instances": [true]}')
+    assert not jt.may_contain_bools(b'{"instances": [1.0]}')
+
+
+def test_large_outputs_use_the_fast_writer_with_equal_values() -> None:
+    big = (np.arange(10_000, dtype=np.float32) / 7).reshape(5000, 2)
+    fast = json.loads(jt.predict_response({"y": big}, jt.Format.ROW))["predictions"]
+    np.testing.assert_array_equal(np.asarray(fast, dtype=np.float32), big)
+    two = json.loads(jt.predict_response({"y": big, "z": big[:, 0].astype(np.int64)}, jt.Format.ROW))
+    item = two["predictions"][3]
+    assert item["z"] == int(big[3, 0])
+    np.testing.assert_array_equal(np.asarray(item["y"], dtype=np.float32), big[3])
+    big[0, 0] = np.nan  # non-finite values keep TF Serving's tokens
+    assert b"NaN" in jt.predict_response({"y": big}, jt.Format.COLUMNAR)
