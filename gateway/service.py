@@ -299,7 +299,10 @@ class EmbeddingServable:
             req.inputs[lookup_ids_input(t.name)].CopyFrom(
                 from_ndarray(np.asarray(arr, dtype=np.int64), tfs_pb2.DataType.DT_INT64)
             )
-        resp = await self.shards[shard].predict(req, deadline)
+        try:
+            resp = await self.shards[shard].predict(req, deadline)
+        except GatewayError as exc:  # never show PS servable names to clients
+            raise _renamed(exc, self.config.served_ps_name(shard), self.name) from exc.__cause__
         out: dict[str, np.ndarray] = {}
         for t in self.manifest.tables:
             key = lookup_values_output(t.name)

@@ -119,7 +119,8 @@ async def test_versions_labels_status_metadata(egw: httpx.AsyncClient, demo_arti
     assert (await egw.post(f"/v1/models/{name}/versions/{v}:predict", content=body)).status_code == 200
     assert (await egw.post(f"/v1/models/{name}/labels/stable:predict", content=body)).status_code == 200
     r = await egw.post(f"/v1/models/{name}/versions/{v + 100}:predict", content=body)
-    assert r.status_code == 404 and "_entry" not in r.json()["error"]
+    assert r.status_code == 404 and "_entry" not in r.json()["error"] and "_ps_" not in r.json()["error"]
+    assert r.json()["error"] == f"Servable not found for request: Specific({name}, {v + 100})"
     r = await egw.get(f"/v1/models/{name}")
     assert r.status_code == 200
     assert r.json()["model_version_status"][0]["state"] == "AVAILABLE"
