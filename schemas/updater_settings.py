@@ -62,6 +62,9 @@ class UpdaterSettings(BaseSettings):
         True, description="create topics and the dead-letter topic at startup if missing"
     )
     topic_partitions: int = Field(4, gt=0, description="partitions of topics the updater creates")
+    topic_replication_factor: int = Field(
+        1, gt=0, description="replication factor of topics the updater creates"
+    )
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     session_timeout_ms: int = Field(10_000, ge=1000)
     heartbeat_interval_ms: int = Field(1000, ge=100)

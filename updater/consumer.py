@@ -180,7 +180,14 @@ class Updater:
             if wanted:
                 try:
                     await admin.create_topics(
-                        [NewTopic(t, num_partitions=s.topic_partitions, replication_factor=1) for t in wanted]
+                        [
+                            NewTopic(
+                                t,
+                                num_partitions=s.topic_partitions,
+                                replication_factor=s.topic_replication_factor,
+                            )
+                            for t in wanted
+                        ]
                     )
                 except TopicAlreadyExistsError:
                     pass
