@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import time
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 
-from gateway.lifespan import Runtime
+from gateway.deps import RuntimeDep
 
 __all__ = ["router"]
 
@@ -21,8 +21,7 @@ async def healthz() -> Response:
 
 
 @router.get("/readyz", summary="Readiness: every configured backend answers GetModelStatus with an AVAILABLE version")
-async def readyz(request: Request) -> Response:
-    rt: Runtime = request.app.state.runtime
+async def readyz(rt: RuntimeDep) -> Response:
     if rt.gateway is None:
         return Response(b'{"status": "starting"}', status_code=503, media_type="application/json")
     deadline = time.monotonic() + min(_PROBE_TIMEOUT_S, rt.settings.request_timeout_s)
@@ -33,6 +32,5 @@ async def readyz(request: Request) -> Response:
 
 
 @router.get("/metrics", summary="Prometheus metrics")
-async def metrics(request: Request) -> Response:
-    rt: Runtime = request.app.state.runtime
+async def metrics(rt: RuntimeDep) -> Response:
     return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
