@@ -117,8 +117,10 @@ def _run_publish(args: argparse.Namespace) -> int:
         print(f"embedgate publish: {exc}", file=sys.stderr)
         return 2
     except KeyError:
+        tables = ", ".join(t.name for t in manifest.tables)
         print(
-            f"embedgate publish: model {manifest.model_name!r} has no table {args.table!r}", file=sys.stderr
+            f"embedgate publish: model {manifest.model_name!r} has no table {args.table!r} (tables: {tables})",
+            file=sys.stderr,
         )
         return 2
     values = None

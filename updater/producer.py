@@ -110,9 +110,13 @@ class DeltaPublisher:
     ) -> PublishResult:
         """Publish absolute rows (``values`` float32 [n, dim]) or deletes of ``ids``; returns once the broker
         acknowledged every message. Validates table and dim against ``manifest`` first (ValueError)."""
-        spec = manifest.table(table) if table in {t.name for t in manifest.tables} else None
-        if spec is None:
-            raise ValueError(f"model {manifest.model_name!r} has no table {table!r}")
+        try:
+            spec = manifest.table(table)
+        except KeyError:
+            known = ", ".join(t.name for t in manifest.tables)
+            raise ValueError(
+                f"model {manifest.model_name!r} has no table {table!r} (tables: {known})"
+            ) from None
         id_arr = np.atleast_1d(np.asarray(ids, dtype=np.int64))
         val_arr: npt.NDArray[np.float32] | None = None
         if delete:

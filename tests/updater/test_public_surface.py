@@ -1,0 +1,70 @@
+"""The public names of the updater's modules and of schemas.deltas are pinned here; changing them is deliberate."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+SURFACE = {
+    "schemas.deltas": {
+        "BINARY_MAGIC",
+        "DEFAULT_TOPIC",
+        "FORMAT_VERSION",
+        "HPS_MAGIC",
+        "HPS_TOPIC_PATTERN",
+        "DeltaError",
+        "DeltaOp",
+        "EmbeddingDelta",
+        "check_against_manifest",
+        "decode_delta",
+        "decode_hps",
+        "encode_delta",
+        "encode_delta_json",
+        "encode_hps",
+        "hps_topic",
+    },
+    "schemas.updater_settings": {"BatchSettings", "RetrySettings", "UpdaterSettings"},
+    "updater.apply": {"GroupKey", "ShardWriter", "WriteGroup", "tensor_proto"},
+    "updater.batch": {"GroupBuffer", "coalesce", "split_by_shard"},
+    "updater.consumer": {"Updater", "load_models"},
+    "updater.errors": {
+        "ApplyError",
+        "ApplyRejected",
+        "ConfigError",
+        "ShardUnavailable",
+        "UpdaterError",
+        "error_from_grpc",
+    },
+    "updater.metrics": {"UpdaterMetrics"},
+    "updater.producer": {"DeltaPublisher", "PublishResult", "load_rows", "message_key"},
+    "updater.cli": {"register"},
+    "embedgate.devkafka": {
+        "KAFKA_VERSION",
+        "BrokerError",
+        "BrokerState",
+        "KafkaBroker",
+        "default_cache_dir",
+        "fetch_jars",
+        "register",
+    },
+}
+
+
+@pytest.mark.parametrize("module", sorted(SURFACE))
+def test_public_names(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert set(mod.__all__) == SURFACE[module]
+    for name in mod.__all__:
+        assert hasattr(mod, name), f"{module}.{name} is exported but missing"
+
+
+def test_updater_never_imports_tensorflow() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, updater.consumer, updater.producer, updater.cli, schemas.deltas, embedgate.devkafka;"
+        "sys.exit(1 if 'tensorflow' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False, timeout=60).returncode == 0
