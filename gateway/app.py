@@ -73,9 +73,14 @@ def _model_dir(manifest_path: Path) -> Path:
     return manifest_path if manifest_path.is_dir() else manifest_path.parent
 
 
-def _examples(settings: GatewaySettings, manifests: dict[str, Manifest]) -> tuple[dict[str, dict[str, Any]], str]:
+def _examples(
+    settings: GatewaySettings, manifests: dict[str, Manifest]
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """OpenAPI examples per verb and path-parameter defaults (the first embedding model with an example request)."""
     predict: dict[str, Any] = {}
-    default = settings.models[0].name
+    examples_body: dict[str, Any] | None = None
+    first = settings.models[0]
+    defaults: dict[str, Any] = {"model_name": first.name}
     for m in settings.models:
         if not isinstance(m, EmbeddingModel):
             continue
@@ -85,16 +90,21 @@ def _examples(settings: GatewaySettings, manifests: dict[str, Manifest]) -> tupl
         except (OSError, ValueError):
             continue
         if not predict:
-            default = m.name
+            defaults = {"model_name": m.name, "version": manifests[m.name].version}
+            if m.version_labels:
+                defaults["label"] = next(iter(m.version_labels))
+            instances = value.get("instances") if isinstance(value, dict) else None
+            if isinstance(instances, list) and all(isinstance(i, dict) and "b64" not in i for i in instances):
+                examples_body = {"examples": instances}
         predict[m.name] = {"summary": f"{m.name}: the exporter's example request", "value": value}
     predict["tf_row"] = {"summary": "TF Serving row format (plain model)", "value": {"instances": [[1.0, 2.0, 5.0]]}}
     predict["tf_columnar"] = {"summary": "TF Serving columnar format", "value": {"inputs": [[1.0, 2.0, 5.0]]}}
-    examples_req = {"examples": [{"x": [1.0], "y": 2.0}]}
-    return {
-        "predict": predict,
-        "classify": {"examples": {"summary": "examples as tf.Example features", "value": examples_req}},
-        "regress": {"examples": {"summary": "examples as tf.Example features", "value": examples_req}},
-    }, default
+    cr: dict[str, Any] = {}
+    if examples_body is not None:
+        cr[defaults["model_name"]] = {"summary": f"{defaults['model_name']}: the example request as tf.Examples",
+                                      "value": examples_body}
+    cr["tf_examples"] = {"summary": "TF Serving classify/regress body", "value": {"examples": [{"x": [1.0], "y": 2.0}]}}
+    return {"predict": predict, "classify": cr, "regress": cr}, defaults
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
@@ -126,7 +136,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     )
     app.state.runtime = runtime
     app.include_router(ops.router)
-    examples, default_model = _examples(settings, manifests)
-    add_v1_routes(app, examples, default_model)
+    examples, defaults = _examples(settings, manifests)
+    add_v1_routes(app, examples, defaults)
     app.add_middleware(RequestIdMiddleware, access_log=settings.log.access)
     return app

@@ -143,16 +143,22 @@ async def handle_v1(request: Request) -> Response:
 # ---- documented routes -------------------------------------------------------------------------------------------
 
 
-def _params(version: bool, label: bool, default_model: str) -> list[dict[str, Any]]:
+def _params(version: bool, label: bool, defaults: dict[str, Any]) -> list[dict[str, Any]]:
+    def schema(kind: str, key: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": kind}
+        if key in defaults:
+            out["default"] = defaults[key]
+        return out
+
     ps: list[dict[str, Any]] = [
-        {"name": "model_name", "in": "path", "required": True, "schema": {"type": "string", "default": default_model},
+        {"name": "model_name", "in": "path", "required": True, "schema": schema("string", "model_name"),
          "description": "a configured model name"}
     ]
     if version:
-        ps.append({"name": "version", "in": "path", "required": True, "schema": {"type": "integer"},
+        ps.append({"name": "version", "in": "path", "required": True, "schema": schema("integer", "version"),
                    "description": "numeric model version"})
     if label:
-        ps.append({"name": "label", "in": "path", "required": True, "schema": {"type": "string"},
+        ps.append({"name": "label", "in": "path", "required": True, "schema": schema("string", "label"),
                    "description": "a version label configured for the model (version_labels)"})
     return ps
 
@@ -167,8 +173,11 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def add_v1_routes(app: FastAPI, examples: dict[str, dict[str, Any]], default_model: str) -> None:
-    """Documented routes for every TF Serving endpoint + the catch-all; ``examples``: verb -> OpenAPI examples."""
+def add_v1_routes(app: FastAPI, examples: dict[str, dict[str, Any]], defaults: dict[str, Any]) -> None:
+    """Documented routes for every TF Serving endpoint + the catch-all.
+
+    ``examples``: verb -> OpenAPI examples of the body; ``defaults``: path parameter -> default value in the docs.
+    """
     variants = [("", False, False), ("/versions/{version}", True, False), ("/labels/{label}", False, True)]
     for verb in ("predict", "classify", "regress"):
         for suffix, v, lab in variants:
@@ -177,7 +186,7 @@ def add_v1_routes(app: FastAPI, examples: dict[str, dict[str, Any]], default_mod
             app.add_api_route(
                 f"/v1/models/{{model_name}}{suffix}:{verb}", handle_v1, methods=["POST"], tags=[verb],
                 summary=f"{verb.capitalize()}" + (" (version)" if v else " (label)" if lab else ""),
-                openapi_extra={"parameters": _params(v, lab, default_model), "requestBody": body},
+                openapi_extra={"parameters": _params(v, lab, defaults), "requestBody": body},
                 responses=_RESPONSES, response_class=Response,
             )
     for kind in ("status", "metadata"):
@@ -186,7 +195,7 @@ def add_v1_routes(app: FastAPI, examples: dict[str, dict[str, Any]], default_mod
             app.add_api_route(
                 f"/v1/models/{{model_name}}{suffix}{tail}", handle_v1, methods=["GET"], tags=[kind],
                 summary=f"Model {kind}" + (" (version)" if v else " (label)" if lab else ""),
-                openapi_extra={"parameters": _params(v, lab, default_model)}, responses=_RESPONSES,
+                openapi_extra={"parameters": _params(v, lab, defaults)}, responses=_RESPONSES,
                 response_class=Response,
             )
     app.add_api_route(
