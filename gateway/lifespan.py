@@ -69,6 +69,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             clients[target] = BackendClient(target, rt.channels[target], rt.metrics.observe_backend)
         return clients[target]
 
+    if rt.manifests:  # import the feature/pooling modules now, not on the first request
+        import gateway.codec.example
+        import gateway.embedding
+        import gateway.features  # noqa: F401
     cache = MetadataCache(s.metadata_ttl_s)
     servables: dict[str, Servable] = {}
     for m in s.models:

@@ -198,7 +198,16 @@ def add_v1_routes(app: FastAPI, examples: dict[str, dict[str, Any]], defaults: d
                 openapi_extra={"parameters": _params(v, lab, defaults)}, responses=_RESPONSES,
                 response_class=Response,
             )
-    app.add_api_route(
-        "/v1/{rest:path}", handle_v1, include_in_schema=False,
-        methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"],
-    )
+    methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+    app.add_api_route("/v1/{rest:path}", handle_v1, include_in_schema=False, methods=methods)
+    # TF Serving matches (?i)/v1/.* : /V1/Models/... is still the REST API; anything else is a plain 404.
+    app.add_api_route("/{rest:path}", _fallback, include_in_schema=False, methods=methods)
+
+
+_V1_ANY_CASE = re.compile(r"/v1/.*", re.IGNORECASE | re.DOTALL)
+
+
+async def _fallback(request: Request) -> Response:
+    if _V1_ANY_CASE.fullmatch(request.scope["path"]):
+        return await handle_v1(request)
+    return Response(b"Not Found", status_code=404, media_type="text/plain")

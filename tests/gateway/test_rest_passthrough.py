@@ -140,6 +140,19 @@ async def test_unknown_model_and_malformed_paths(gw: httpx.AsyncClient) -> None:
     assert r.status_code == 400 and err(r).startswith("Malformed request")
 
 
+async def test_paths_are_case_insensitive_and_other_paths_404(gw: httpx.AsyncClient) -> None:
+    r = await post(gw, "/V1/MODELS/half:predict", {"instances": [2.0]})
+    assert r.status_code == 200 and r.json() == {"predictions": [4.0]}
+    r = await post(gw, "/v1/models/half:PREDICT", {"instances": [2.0]})
+    assert r.status_code == 400 and err(r).startswith("Malformed request")
+    r = await post(gw, "/v1/models/half:predict?x=1", {"instances": [2.0]})
+    assert r.status_code == 400 and err(r) == "Malformed request: POST /v1/models/half:predict?x=1"
+    r = await post(gw, "/v1/models/h%61lf:predict", {"instances": [2.0]})
+    assert r.status_code == 200
+    assert (await gw.get("/v2/models/half")).status_code == 404
+    assert (await gw.get("/nothing")).status_code == 404
+
+
 async def test_status(gw: httpx.AsyncClient) -> None:
     r = await gw.get("/v1/models/half")
     assert r.status_code == 200
