@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,9 +75,8 @@ class DemoStack:
     def ensure_model(self, rebuild: bool) -> None:
         if rebuild or not (self.model_dir / "manifest.json").exists():
             print(f"building the demo model into {self.model_dir} (one time) ...", flush=True)
-            cmd = [sys.executable, "-m", "embedgate", "demo-model", "--out", str(self.models_dir)]
-            if rebuild:
-                cmd.append("--force")
+            shutil.rmtree(self.model_dir, ignore_errors=True)
+            cmd = [sys.executable, "-m", "embedgate", "demo-model", "--out", str(self.models_dir), "--name", _MODEL]
             subprocess.run(cmd, check=True)
 
     def start_kafka(self) -> str:
