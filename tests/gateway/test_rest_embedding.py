@@ -235,3 +235,12 @@ async def test_openapi_example_is_the_demo_request(egw: httpx.AsyncClient, demo_
     label = op["parameters"][1]["schema"]["default"]
     r = await egw.post(f"/v1/models/{name}/labels/{label}:predict", content=json.dumps(example))
     assert r.status_code == 200, r.text
+
+
+async def test_deadline_on_embedding_path(demo_artifacts: Any, demo_backends: Any) -> None:
+    async with app_client(models=[embedding_model(demo_artifacts, demo_backends.target)],
+                          request_timeout_s=0.000001) as client:
+        name = demo_artifacts.manifest.model_name
+        r = await client.post(f"/v1/models/{name}:predict", content=json.dumps({"instances": demo_artifacts.instances}))
+        assert r.status_code == 504, r.text
+        assert "Deadline exceeded" in r.json()["error"]
