@@ -77,6 +77,11 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 async def handle_v1(request: Request) -> Response:
+    if request.method == "OPTIONS":  # CORS preflight, answered as TF Serving's http_server.cc does
+        origin = request.headers.get("origin", "")
+        if origin.startswith(("http://", "https://")):
+            return Response(status_code=200)
+        return Response(b"Origin header is missing in CORS preflight", status_code=400, media_type="text/plain")
     rt: Runtime = request.app.state.runtime
     start = time.perf_counter()
     deadline = time.monotonic() + rt.settings.request_timeout_s

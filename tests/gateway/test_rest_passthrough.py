@@ -149,6 +149,8 @@ async def test_paths_are_case_insensitive_and_other_paths_404(gw: httpx.AsyncCli
     assert r.status_code == 400 and err(r) == "Malformed request: POST /v1/models/half:predict?x=1"
     r = await post(gw, "/v1/models/h%61lf:predict", {"instances": [2.0]})
     assert r.status_code == 200
+    assert (await gw.options("/v1/models/half:predict", headers={"origin": "http://x"})).status_code == 200
+    assert (await gw.options("/v1/models/half:predict")).status_code == 400
     assert (await gw.get("/v2/models/half")).status_code == 404
     assert (await gw.get("/nothing")).status_code == 404
 
