@@ -77,6 +77,9 @@ _PY_JSON_ERRORS = (
 )
 
 
+_TOO_BIG = "Number too big to be stored in double."
+
+
 def _fix_token(m: re.Match[str]) -> str:
     word = m.group(2)
     if word is None:
@@ -96,7 +99,9 @@ def loads(data: bytes | str) -> Any:
         raise InvalidArgument("JSON Parse error: The document is empty")
     try:
         doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        if "number is infinity" in str(exc):
+            raise InvalidArgument(f"JSON Parse error: {_TOO_BIG} at offset: {exc.pos}") from None
         doc = _slow_loads(data)
     if not isinstance(doc, dict):
         raise InvalidArgument(f"JSON Value: {debug_string(doc)} Is not object")
@@ -109,8 +114,14 @@ def _slow_loads(data: bytes | str) -> Any:
     if start == len(text):
         raise InvalidArgument(f"JSON Parse error: The document is empty. at offset: {start}")
     fixed = _TOKENS.sub(_fix_token, text) if ("In" in text or "NaN" in text) else text
+    def parse_float(literal: str) -> float:
+        v = float(literal)
+        if math.isinf(v):
+            raise InvalidArgument(f"JSON Parse error: {_TOO_BIG} at offset: {max(fixed.find(literal), 0)}")
+        return v
+
     try:
-        doc, _ = json.JSONDecoder().raw_decode(fixed, start)
+        doc, _ = json.JSONDecoder(parse_float=parse_float).raw_decode(fixed, start)
     except json.JSONDecodeError as exc:
         msg = next((r for p, r in _PY_JSON_ERRORS if exc.msg.startswith(p)), "Invalid value.")
         raise InvalidArgument(f"JSON Parse error: {msg} at offset: {exc.pos}") from None

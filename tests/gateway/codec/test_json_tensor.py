@@ -46,6 +46,8 @@ def test_loads_token_inside_string_untouched_and_trailing_bytes_ignored() -> Non
         (b"{", "JSON Parse error: Missing a name for object member. at offset: 1"),
         (b'{"a": Nan}', "JSON Parse error: Invalid value. at offset: 6"),
         (b"[1, 2]", "JSON Value: [1, 2] Is not object"),
+        (b'{"a": 1e400}', "JSON Parse error: Number too big to be stored in double. at offset: 6"),
+        (b'{"a": [NaN, -1e400]}', "JSON Parse error: Number too big to be stored in double. at offset: 12"),
         (b"3", "JSON Value: 3 Is not object"),
     ],
 )
