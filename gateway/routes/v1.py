@@ -126,6 +126,8 @@ async def handle_v1(request: Request) -> Response:
         outcome = exc.code.name
         if exc.retry_after is not None:
             headers["Retry-After"] = str(int(exc.retry_after))
+        elif exc.retriable:  # a backend's UNAVAILABLE / RESOURCE_EXHAUSTED
+            headers["Retry-After"] = str(rt.settings.retry_after_s)
         if not acquired:
             rt.metrics.rejected.inc()
         response = Response(error_body(exc.message), status_code=exc.http_status, media_type="application/json",

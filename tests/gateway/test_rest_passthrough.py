@@ -297,7 +297,7 @@ async def test_readyz_fails_when_a_backend_is_down(passthrough_backend: Any) -> 
         assert r.status_code == 503
         assert r.json()["models"]["half"] == "ok" and r.json()["models"]["gone"].startswith("UNAVAILABLE")
         r = await post(client, "/v1/models/gone:predict", {"instances": [1.0]})
-        assert r.status_code == 503
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
 
 
 async def test_openapi_docs(gw: httpx.AsyncClient) -> None:
