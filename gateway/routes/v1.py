@@ -20,7 +20,7 @@ from gateway.errors import GatewayError, Internal, InvalidArgument
 from gateway.lifespan import Runtime
 from gateway.service import Reply, VersionSpec
 
-__all__ = ["add_v1_routes", "handle_v1"]
+__all__ = ["V1_PATH", "add_v1_routes", "handle_v1"]
 
 log = logging.getLogger("embedgate.gateway")
 
@@ -31,6 +31,7 @@ _STATUS = re.compile(
     r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?", re.IGNORECASE
 )
 _INT64_MAX = 2**63 - 1
+V1_PATH = re.compile(r"/v1/.*", re.IGNORECASE | re.DOTALL)  # what TF Serving hands to its REST handler
 
 
 def _raw_path(request: Request) -> str:
@@ -211,10 +212,9 @@ def add_v1_routes(app: FastAPI, examples: dict[str, dict[str, Any]], defaults: d
     app.add_api_route("/{rest:path}", _fallback, include_in_schema=False, methods=methods)
 
 
-_V1_ANY_CASE = re.compile(r"/v1/.*", re.IGNORECASE | re.DOTALL)
 
 
 async def _fallback(request: Request) -> Response:
-    if _V1_ANY_CASE.fullmatch(request.scope["path"]):
+    if V1_PATH.fullmatch(request.scope["path"]):
         return await handle_v1(request)
     return Response(b"Not Found", status_code=404, media_type="text/plain")
