@@ -87,7 +87,14 @@ async def _serve(settings: Any) -> int:
         loop.add_signal_handler(sig, updater.stop)
     port = None
     if settings.metrics_port:
-        port = updater.metrics.serve(settings.metrics_port, settings.metrics_host)
+        from updater.errors import ConfigError
+
+        try:
+            port = updater.metrics.serve(settings.metrics_port, settings.metrics_host)
+        except OSError as exc:
+            raise ConfigError(
+                f"metrics_port: cannot serve /metrics on {settings.metrics_host}:{settings.metrics_port}: {exc}"
+            ) from exc
     logging.getLogger("embedgate.updater").info(
         "updater consuming %s (hps %s) from %s as group %s; metrics on %s",
         settings.topics,

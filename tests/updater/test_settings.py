@@ -63,3 +63,29 @@ def test_unreadable_and_non_mapping(tmp_path: Path) -> None:
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(TypeError, match="must be a YAML mapping"):
         UpdaterSettings.from_yaml(tmp_path / "list.yaml")
+
+
+def test_cli_rejects_bad_config_at_startup(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "updater.yaml"
+    cfg.write_text(YAML + "apply_deadline_s: -1\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "embedgate", "updater", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "invalid config" in proc.stderr and "apply_deadline_s" in proc.stderr
+    cfg.write_text(YAML)  # valid settings, but /models/demo has no manifest
+    proc = subprocess.run(
+        [sys.executable, "-m", "embedgate", "updater", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and "model 'demo'" in proc.stderr and "cannot read manifest" in proc.stderr
