@@ -68,6 +68,14 @@ def test_gateway_process_end_to_end(tmp_path: Path, demo_artifacts: Any, demo_ba
         assert r.status_code == 404
         assert httpx.get(f"{gw.url}/docs", timeout=10).status_code == 200
         assert "embedgate_requests_total" in httpx.get(f"{gw.url}/metrics", timeout=10).text
+        r = httpx.post(f"{gw.url}/v1/models/{m.model_name}:regress", json={"examples": example["instances"]},
+                       timeout=10)
+        assert r.status_code in (200, 400), r.text
+        maps = Path(f"/proc/{gw.proc.pid}/maps").read_text()
+        assert "tensorflow" not in maps, "the gateway process loaded a TensorFlow library"
+        rss_kb = next(int(x.split()[1]) for x in Path(f"/proc/{gw.proc.pid}/status").read_text().splitlines()
+                      if x.startswith("VmRSS:"))
+        assert rss_kb < 200 * 1024
     lines = [json.loads(x) for x in gw.log_path.read_text().splitlines() if x.startswith("{")]
     access = [x for x in lines if x.get("msg") == "request" and x.get("request_id") == "req-42"]
     assert access and access[0]["status"] == 200 and access[0]["path"].endswith(":predict")
