@@ -223,7 +223,7 @@ async def test_tensor_content_responses_decode(tf_models: dict[str, Any]) -> Non
 
 
 async def test_deadline_gives_504(make_client: Any) -> None:
-    async with make_client(request_timeout_s=0.3) as client:
+    async with make_client(request_timeout_s=0.15) as client:
         r = await post(client, "/v1/models/slow:predict", {"instances": [1]})
         assert r.status_code == 200, r.text
         r = await post(client, "/v1/models/slow:predict", {"instances": [400_000]})
@@ -231,10 +231,18 @@ async def test_deadline_gives_504(make_client: Any) -> None:
         assert err(r)
 
 
+async def _wait_in_flight(client: httpx.AsyncClient) -> None:
+    for _ in range(200):
+        if "embedgate_requests_in_flight 1.0" in (await client.get("/metrics")).text:
+            return
+        await asyncio.sleep(0.005)
+    pytest.fail("the slow request never got in flight")
+
+
 async def test_overload_gives_429_with_retry_after(make_client: Any) -> None:
     async with make_client(max_in_flight=1, retry_after_s=2, request_timeout_s=5) as client:
         slow = asyncio.create_task(post(client, "/v1/models/slow:predict", {"instances": [150_000]}))
-        await asyncio.sleep(0.2)
+        await _wait_in_flight(client)
         r = await post(client, "/v1/models/half:predict", {"instances": [1.0]})
         assert r.status_code == 429
         assert r.headers["retry-after"] == "2"
@@ -247,7 +255,7 @@ async def test_overload_gives_429_with_retry_after(make_client: Any) -> None:
 async def test_overload_503_when_configured(make_client: Any) -> None:
     async with make_client(max_in_flight=1, overload_status=503, request_timeout_s=5) as client:
         slow = asyncio.create_task(post(client, "/v1/models/slow:predict", {"instances": [150_000]}))
-        await asyncio.sleep(0.2)
+        await _wait_in_flight(client)
         r = await post(client, "/v1/models/half:predict", {"instances": [1.0]})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         await slow
