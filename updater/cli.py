@@ -43,7 +43,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--fill", type=float, default=None, help="row of dim copies of this value for --id")
     p.add_argument("--delete", action="store_true", help="delete the ids instead of upserting rows")
-    p.add_argument("--format", choices=["binary", "json"], default="binary", help="message encoding")
+    p.add_argument(
+        "--format",
+        choices=["binary", "json", "hps"],
+        default="binary",
+        help="message encoding; hps = HugeCTR HPS format on topic hps_et.<model>.<table> (upserts only)",
+    )
     p.add_argument("--producer-id", default=None, help="producer id written into each message")
     p.set_defaults(func=_run_publish)
 
@@ -161,12 +166,23 @@ def _run_publish(args: argparse.Namespace) -> int:
 
 
 async def _publish(args: argparse.Namespace, manifest: Any, ids: Any, values: Any, topic: str) -> int:
+    from schemas.deltas import hps_topic
     from updater.producer import DeltaPublisher
 
+    if args.format == "hps" and args.delete:
+        print("embedgate publish: the HPS format has no delete", file=sys.stderr)
+        return 2
     async with DeltaPublisher(
-        args.bootstrap, topic=topic, producer_id=args.producer_id, encoding=args.format
+        args.bootstrap,
+        topic=topic,
+        producer_id=args.producer_id,
+        encoding="json" if args.format == "json" else "binary",
     ) as pub:
-        result = await pub.publish(manifest, args.table, ids, values, delete=args.delete)
+        if args.format == "hps":
+            topic = hps_topic(manifest.model_name, args.table)
+            result = await pub.publish_hps(manifest, args.table, ids, values)
+        else:
+            result = await pub.publish(manifest, args.table, ids, values, delete=args.delete)
     op = "deletes" if args.delete else "rows"
     print(
         f"published {result.rows} {op} of {manifest.model_name}.{args.table} in {result.messages} messages "

@@ -19,8 +19,16 @@ import numpy as np
 import numpy.typing as npt
 from aiokafka import AIOKafkaProducer
 
-from schemas.deltas import DEFAULT_TOPIC, DeltaOp, EmbeddingDelta, encode_delta, encode_delta_json
-from schemas.manifest import Manifest
+from schemas.deltas import (
+    DEFAULT_TOPIC,
+    DeltaOp,
+    EmbeddingDelta,
+    encode_delta,
+    encode_delta_json,
+    encode_hps,
+    hps_topic,
+)
+from schemas.manifest import Manifest, TableSpec
 from schemas.partition import shard_for
 
 __all__ = ["DeltaPublisher", "PublishResult", "load_rows", "message_key"]
@@ -66,7 +74,7 @@ class DeltaPublisher:
         self.producer_id = producer_id or f"publisher-{uuid.uuid4().hex[:8]}"
         self._max_rows = max_rows_per_message
         self._max_bytes = max_message_bytes
-        self._encode = encode_delta if encoding == "binary" else encode_delta_json
+        self._encode = encode_delta_json if encoding == "json" else encode_delta
         self._sequence: dict[tuple[str, int], int] = {}
         self._producer = AIOKafkaProducer(
             bootstrap_servers=bootstrap_servers,
@@ -110,13 +118,7 @@ class DeltaPublisher:
     ) -> PublishResult:
         """Publish absolute rows (``values`` float32 [n, dim]) or deletes of ``ids``; returns once the broker
         acknowledged every message. Validates table and dim against ``manifest`` first (ValueError)."""
-        try:
-            spec = manifest.table(table)
-        except KeyError:
-            known = ", ".join(t.name for t in manifest.tables)
-            raise ValueError(
-                f"model {manifest.model_name!r} has no table {table!r} (tables: {known})"
-            ) from None
+        spec = _table(manifest, table)
         id_arr = np.atleast_1d(np.asarray(ids, dtype=np.int64))
         val_arr: npt.NDArray[np.float32] | None = None
         if delete:
@@ -163,9 +165,49 @@ class DeltaPublisher:
             await fut
         return result
 
+    async def publish_hps(
+        self, manifest: Manifest, table: str, ids: npt.ArrayLike, values: npt.ArrayLike
+    ) -> PublishResult:
+        """Publish rows in HugeCTR HPS's Kafka format to ``hps_et.<model>.<table>``, as an HPS trainer would: no
+        key; every message holds one shard's rows and goes to partition ``shard % partitions`` so each key keeps
+        its order. Upserts only (HPS has no delete)."""
+        spec = _table(manifest, table)
+        id_arr = np.atleast_1d(np.asarray(ids, dtype=np.int64))
+        val_arr = np.asarray(values, dtype=np.float32).reshape(len(id_arr), -1)
+        if val_arr.shape[1] != spec.dim:
+            raise ValueError(
+                f"table {table!r} has dim {spec.dim}, the values have {val_arr.shape[1]} columns"
+            )
+        topic = hps_topic(manifest.model_name, table)
+        partitions = sorted(await self._producer.partitions_for(topic))
+        chunk = max(1, min(self._max_rows, self._max_bytes // (8 + 4 * spec.dim)))
+        shards = shard_for(id_arr, manifest.num_shards)
+        result = PublishResult()
+        futures = []
+        for s in np.unique(shards):
+            mask = shards == s
+            s_ids, s_vals = id_arr[mask], val_arr[mask]
+            partition = partitions[int(s) % len(partitions)]
+            for start in range(0, len(s_ids), chunk):
+                payload = encode_hps(s_ids[start : start + chunk], s_vals[start : start + chunk])
+                futures.append(await self._producer.send(topic, value=payload, key=None, partition=partition))
+                result.messages += 1
+            result.rows_per_shard[int(s)] = len(s_ids)
+        for fut in futures:
+            await fut
+        return result
+
     async def send_raw(self, topic: str, value: bytes | None, key: bytes | None = None) -> None:
-        """Send pre-encoded bytes (HPS messages, tests); returns once acknowledged."""
+        """Send pre-encoded bytes (tests, tools); returns once acknowledged."""
         await self._producer.send_and_wait(topic, value=value, key=key)
+
+
+def _table(manifest: Manifest, table: str) -> TableSpec:
+    try:
+        return manifest.table(table)
+    except KeyError:
+        known = ", ".join(t.name for t in manifest.tables)
+        raise ValueError(f"model {manifest.model_name!r} has no table {table!r} (tables: {known})") from None
 
 
 def load_rows(path: Path, dim: int | None = None) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:

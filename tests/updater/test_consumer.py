@@ -125,6 +125,18 @@ async def test_hps_messages_are_applied(kafka: Broker, ps_cluster: PsCluster, un
         assert _sample(upd, "embedgate_updater_messages_total", {"kind": "hps"}) == 1
         assert _sample(upd, "embedgate_updater_messages_total", {"kind": "beacon"}) == 1
 
+        # the publisher's HPS mode (what `embedgate publish --format hps` uses) while the updater runs
+        later = np.arange(2010, 2030, dtype=np.int64)
+        later_values = np.full((20, 4), 0.75, np.float32)
+        async with DeltaPublisher(kafka.bootstrap) as pub:
+            res = await pub.publish_hps(ps_cluster.manifest, "item", later, later_values)
+        assert res.rows == 20 and res.messages == len(res.rows_per_shard)
+
+        async def later_visible() -> bool:
+            return all(np.array_equal(v, later_values) for v in await _rows(ps_cluster, "item", later))
+
+        await eventually(later_visible, what="HPS rows from publish_hps")
+
 
 # -- dead letters ------------------------------------------------------------------------------------------------------
 def _delta(ids: list[int], values: Any, *, model: str = "emb", table: str = "item") -> EmbeddingDelta:
@@ -447,7 +459,7 @@ async def test_sigterm_finishes_commits_and_leaves(
 # -- startup checks --------------------------------------------------------------------------------------------------
 def test_models_must_match_their_manifests(tmp_path: Path) -> None:
     from schemas.deployment import EmbeddingModel
-    from tests.updater.test_producer import MANIFEST  # model "emb", 3 shards
+    from tests.updater.test_producer import MANIFEST  # model "pemb", 3 shards
     from updater.consumer import load_models
     from updater.errors import ConfigError
 
@@ -459,10 +471,10 @@ def test_models_must_match_their_manifests(tmp_path: Path) -> None:
             name=name, manifest=manifest, entry="127.0.0.1:1", shards=[{"replicas": ["127.0.0.1:1"]}] * shards
         )
 
-    assert set(load_models([model("emb", 3, tmp_path / "m")])) == {"emb"}
+    assert set(load_models([model("pemb", 3, tmp_path / "m")])) == {"pemb"}
     with pytest.raises(ConfigError, match="2 shards configured, the manifest has 3"):
-        load_models([model("emb", 2, tmp_path / "m")])
-    with pytest.raises(ConfigError, match="describes model 'emb'"):
+        load_models([model("pemb", 2, tmp_path / "m")])
+    with pytest.raises(ConfigError, match="describes model 'pemb'"):
         load_models([model("other", 3, tmp_path / "m")])
     with pytest.raises(ConfigError, match="cannot read manifest"):
-        load_models([model("emb", 3, tmp_path / "missing")])
+        load_models([model("pemb", 3, tmp_path / "missing")])

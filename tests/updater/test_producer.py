@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from schemas.deltas import DeltaOp, EmbeddingDelta, decode_delta
+from schemas.deltas import DeltaOp, EmbeddingDelta, decode_delta, decode_hps
 from schemas.manifest import Manifest
 from schemas.partition import shard_for
 from tests.support.kafka import Broker
@@ -24,7 +24,7 @@ _REPO = Path(__file__).resolve().parents[2]
 
 MANIFEST = Manifest.model_validate(
     {
-        "model_name": "emb",
+        "model_name": "pemb",
         "version": 1,
         "tables": [{"name": "item", "dim": 4}],
         "sparse_features": [{"name": "item_id", "table": "item"}],
@@ -70,7 +70,7 @@ async def test_publish_splits_by_shard_keys_and_chunks(kafka: Broker, unique: st
         d = decode_delta(value)
         shard = int(shard_for(d.ids, 3)[0])
         assert (shard_for(d.ids, 3) == shard).all(), "one message holds one shard's rows"
-        assert key == message_key("emb", shard)
+        assert key == message_key("pemb", shard)
         assert partition_of_shard.setdefault(shard, partition) == partition, "one shard, one partition"
         assert d.n <= 100 and d.timestamp_ms == 42 and d.producer == "p1" and d.op is DeltaOp.UPSERT
         assert d.values is not None and (d.values[:, 0] == d.ids).all()
@@ -153,9 +153,16 @@ async def test_publish_cli(kafka: Broker, unique: str, tmp_path: Path) -> None:
     for extra in runs:
         proc = _cli(*common, *extra)
         assert proc.returncode == 0, proc.stderr
-        found = re.search(r"^published \d+ \w+ of emb\.item in (\d+) messages", proc.stdout)
+        found = re.search(r"^published \d+ \w+ of pemb\.item in (\d+) messages", proc.stdout)
         assert found, proc.stdout
         messages += int(found.group(1))
+    hps_run = _cli(*common, "--id", "21", "--id", "22", "--fill", "2.5", "--format", "hps")
+    assert hps_run.returncode == 0, hps_run.stderr
+    assert "to hps_et.pemb.item" in hps_run.stdout
+    hps_got = await _consume(kafka, "hps_et.pemb.item", 1)
+    hps_deltas = [decode_hps("hps_et.pemb.item", v, key=k) for _, k, v in hps_got]
+    assert sorted(i for d in hps_deltas if d for i in d.ids.tolist()) == [21, 22]
+    assert _cli(*common, "--id", "21", "--delete", "--format", "hps").returncode == 2
     bad = _cli(*common, "--id", "12", "--values", "1,2")
     assert bad.returncode == 2 and "has dim 4" in bad.stderr
     got = [decode_delta(v) for _, _, v in await _consume(kafka, topic, messages)]
