@@ -181,9 +181,9 @@ embedgate demo is up.
 
 Predict:
   curl -s {rest}/v1/models/{_MODEL}:predict -d @{body}
-Publish a changed embedding for item 42 (then predict again):
+Publish a changed embedding for item 3, the first example's item (then predict again):
   .venv/bin/embedgate publish --bootstrap 127.0.0.1:{self.kafka_port} --manifest {self.model_dir} \\
-      --table item --id 42 --fill 0.5
+      --table item_emb --id 3 --fill 0.5
 Ctrl-C stops everything.
 """
 

@@ -43,3 +43,15 @@ def test_ps_hosts_are_not_published_to_clients() -> None:
         if name.startswith("serving-"):
             assert "ports" not in service, f"{name} must not be reachable by clients"
     assert _compose()["networks"]["backend"]["internal"] is True
+
+
+def test_gateway_and_updater_configs_validate() -> None:
+    from schemas.gateway_settings import GatewaySettings
+    from schemas.updater_settings import UpdaterSettings
+
+    gateway = GatewaySettings(**yaml.safe_load((DOCKER / "config" / "gateway.yaml").read_text()))
+    updater = UpdaterSettings(**yaml.safe_load((DOCKER / "config" / "updater.yaml").read_text()))
+    for settings in (gateway, updater):
+        (model,) = settings.models
+        assert model.served_entry_name == "demo_entry"
+        assert [s.replicas for s in model.shards] == [["serving-ps-even:8500"], ["serving-ps-odd:8500"]]
