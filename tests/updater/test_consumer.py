@@ -63,7 +63,10 @@ def _sample(upd: Updater, name: str, labels: dict[str, str] | None = None) -> fl
 
 # -- publish -> visible -----------------------------------------------------------------------------------------------
 async def test_published_rows_reach_every_replica(kafka: Broker, ps_cluster: PsCluster, unique: str) -> None:
-    s = updater_settings(kafka, ps_cluster, unique)
+    # 7 rows per Predict call: every group is written in several chunks
+    s = updater_settings(
+        kafka, ps_cluster, unique, batch={"max_messages": 512, "max_delay_ms": 10, "max_rows_per_call": 7}
+    )
     ids = np.arange(1000, 1040, dtype=np.int64)
     values = np.random.default_rng(0).normal(size=(40, 4)).astype(np.float32)
     async with running(s) as upd:
