@@ -323,10 +323,17 @@ log.cleaner.enable=false
 
 
 def _cluster_id() -> str:
-    """A fresh KRaft cluster id: 16 random bytes, URL-safe base64 without padding (what ``random-uuid`` prints)."""
+    """A fresh KRaft cluster id: 16 random bytes, URL-safe base64 without padding (what ``random-uuid`` prints).
+
+    Like Kafka's ``Uuid.randomUuid``, ids starting with ``-`` are drawn again: the storage tool would read one as an
+    option."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    for _ in range(100):
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+    raise BrokerError("could not draw a cluster id")  # 100 draws all starting with "-": (1/64) ** 100
 
 
 def _tail(path: Path, lines: int = 20) -> str:

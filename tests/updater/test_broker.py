@@ -80,3 +80,11 @@ def test_cli_start_status_stop(tmp_path) -> None:  # type: ignore[no-untyped-def
     assert stopped.returncode == 0 and f"stopped kafka broker pid {pid}" in stopped.stdout
     assert not (tmp_path / "broker.pid").exists()
     assert kafka("status").returncode == 3
+
+
+def test_cluster_ids_never_start_with_a_dash() -> None:
+    from embedgate.devkafka import _cluster_id
+
+    ids = {_cluster_id() for _ in range(5000)}
+    assert len(ids) == 5000
+    assert all(len(i) == 22 and not i.startswith("-") for i in ids)
