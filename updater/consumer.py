@@ -118,6 +118,7 @@ class Updater:
         self._generation = 0
         self._last_progress = time.monotonic()
         self._last_applied = 0.0
+        self._last_end_offsets = 0.0
         self.ready = asyncio.Event()
 
     # -- life cycle -------------------------------------------------------------------------------------------
@@ -210,7 +211,7 @@ class Updater:
                 continue
             await self._commit()
             self._update_pauses()
-            self._update_lag()
+            await self._update_lag()
             self._log_progress()
 
     def _log_progress(self) -> None:
@@ -443,11 +444,24 @@ class Updater:
         self._paused = want
         self.metrics.paused_partitions.set(len(want))
 
-    def _update_lag(self) -> None:
+    async def _update_lag(self) -> None:
+        """Lag = end offset - offset this member would commit now (waiting records count as not consumed). Paused
+        partitions are not fetched, so their end offsets are asked for explicitly (at most every 2 s)."""
         assert self._consumer is not None
-        for tp in self._consumer.assignment():
-            high = self._consumer.highwater(tp)
-            pos = self._seen.get(tp)
+        assigned = self._consumer.assignment()
+        ends: dict[TopicPartition, int] = {}
+        paused = [tp for tp in self._paused if tp in assigned]
+        now = time.monotonic()
+        if paused and now - self._last_end_offsets >= 2.0:
+            self._last_end_offsets = now
+            try:
+                ends.update(await self._consumer.end_offsets(paused))
+            except KafkaError as exc:
+                log.debug("end offsets of paused partitions unavailable: %s", exc)
+        safe = self._safe_offsets()
+        for tp in assigned:
+            high = ends.get(tp, self._consumer.highwater(tp))
+            pos = safe.get(tp, self._committed.get(tp))
             if high is not None and pos is not None:
                 self.metrics.lag.labels(tp.topic, str(tp.partition)).set(max(0, high - pos))
 

@@ -3,7 +3,7 @@
 ===============================================  =========  =================================================
 metric                                           type       labels / meaning
 ===============================================  =========  =================================================
-``embedgate_updater_consumer_lag``               gauge      topic, partition: high watermark - next offset
+``embedgate_updater_consumer_lag``               gauge      topic, partition: end offset - committable offset
 ``embedgate_updater_rows_applied_total``         counter    model, table, op: rows acknowledged by every replica
 ``embedgate_updater_apply_latency_seconds``      histogram  model: one group written to all replicas
 ``embedgate_updater_freshness_seconds``          histogram  model: producer timestamp -> applied on all replicas
@@ -37,7 +37,7 @@ class UpdaterMetrics:
         r = self.registry
         p = "embedgate_updater_"
         self.lag = Gauge(
-            p + "consumer_lag", "High watermark minus next offset", ["topic", "partition"], registry=r
+            p + "consumer_lag", "End offset minus the offset this member would commit now", ["topic", "partition"], registry=r
         )
         self.rows_applied = Counter(
             p + "rows_applied", "Rows acknowledged by every replica", ["model", "table", "op"], registry=r

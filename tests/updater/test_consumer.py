@@ -368,6 +368,7 @@ async def test_ps_down_then_back_nothing_lost(kafka: Broker, ps_cluster: PsClust
             await pub.publish(ps_cluster.manifest, "item", ids[::2], v3[::2])
             await asyncio.sleep(4)
             assert _sample(upd, "embedgate_updater_paused_partitions") >= 1
+            assert await _lag(upd, s["topics"][0]) >= 2, "the messages waiting for D count as lag"
             failures = sum(
                 _sample(
                     upd,
@@ -390,6 +391,11 @@ async def test_ps_down_then_back_nothing_lost(kafka: Broker, ps_cluster: PsClust
             await eventually(
                 lambda: _zero(upd, "embedgate_updater_paused_partitions"), what="partitions resumed"
             )
+
+            async def no_lag() -> bool:
+                return await _lag(upd, s["topics"][0]) == 0
+
+            await eventually(no_lag, what="lag back to 0")
         await _assert_committed_to_end(kafka, s)
 
 
@@ -411,6 +417,13 @@ async def _assert_committed_to_end(kafka: Broker, s: dict[str, Any]) -> None:
 
 async def _zero(upd: Updater, name: str) -> bool:
     return _sample(upd, name) == 0
+
+
+async def _lag(upd: Updater, topic: str) -> float:
+    return sum(
+        _sample(upd, "embedgate_updater_consumer_lag", {"topic": topic, "partition": str(p)})
+        for p in range(4)
+    )
 
 
 def _scrape(port: int) -> str:
