@@ -37,7 +37,10 @@ class UpdaterMetrics:
         r = self.registry
         p = "embedgate_updater_"
         self.lag = Gauge(
-            p + "consumer_lag", "End offset minus the offset this member would commit now", ["topic", "partition"], registry=r
+            p + "consumer_lag",
+            "End offset minus the offset this member would commit now",
+            ["topic", "partition"],
+            registry=r,
         )
         self.rows_applied = Counter(
             p + "rows_applied", "Rows acknowledged by every replica", ["model", "table", "op"], registry=r
