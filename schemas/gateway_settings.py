@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from schemas.config_file import EnvOverFile, read_config
 from schemas.deployment import DeployedModel, EmbeddingModel
 
 __all__ = ["GatewaySettings", "GrpcSettings", "LogSettings", "load_settings"]
@@ -26,11 +26,15 @@ class _Strict(BaseModel):
 
 class GrpcSettings(_Strict):
     keepalive_time_s: float = Field(30.0, gt=0, description="send a keepalive ping after this idle time")
-    keepalive_timeout_s: float = Field(10.0, gt=0, description="close the connection if a ping is not answered")
+    keepalive_timeout_s: float = Field(
+        10.0, gt=0, description="close the connection if a ping is not answered"
+    )
     max_receive_message_bytes: int = Field(
         512 * 1024 * 1024, gt=0, le=2**31 - 1, description="largest backend response accepted"
     )
-    max_send_message_bytes: int = Field(512 * 1024 * 1024, gt=0, le=2**31 - 1, description="largest request sent")
+    max_send_message_bytes: int = Field(
+        512 * 1024 * 1024, gt=0, le=2**31 - 1, description="largest request sent"
+    )
     replica_retry_s: float = Field(
         5.0, ge=0, description="a PS replica that answered UNAVAILABLE is skipped for this long"
     )
@@ -42,7 +46,7 @@ class LogSettings(_Strict):
     access: bool = Field(True, description="one log line per /v1 request (probes and /metrics excluded)")
 
 
-class GatewaySettings(BaseSettings):
+class GatewaySettings(EnvOverFile):
     model_config = SettingsConfigDict(
         env_prefix="EMBEDGATE_", env_nested_delimiter="__", extra="forbid", frozen=True
     )
@@ -50,14 +54,22 @@ class GatewaySettings(BaseSettings):
     host: str = Field("127.0.0.1", description="interface uvicorn binds")
     port: int = Field(8501, ge=0, le=65535, description="REST port (TF Serving's default REST port is 8501)")
     request_timeout_s: float = Field(
-        30.0, gt=0, description="deadline of one REST request; every backend call gets the time left (504 after)"
+        30.0,
+        gt=0,
+        description="deadline of one REST request; every backend call gets the time left (504 after)",
     )
-    max_in_flight: int = Field(256, gt=0, description="requests processed at once; more are refused, not queued")
+    max_in_flight: int = Field(
+        256, gt=0, description="requests processed at once; more are refused, not queued"
+    )
     overload_status: Literal[429, 503] = Field(429, description="HTTP status when max_in_flight is reached")
     retry_after_s: int = Field(1, ge=0, description="Retry-After seconds sent with 429/503 overload answers")
-    max_body_bytes: int = Field(64 * 1024 * 1024, gt=0, description="largest request body (after gunzip); 400 above")
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="largest request body (after gunzip); 400 above"
+    )
     metadata_ttl_s: float = Field(
-        60.0, ge=0, description="signature metadata cache lifetime; also refreshed when the served version changes"
+        60.0,
+        ge=0,
+        description="signature metadata cache lifetime; also refreshed when the served version changes",
     )
     grpc: GrpcSettings = GrpcSettings()
     log: LogSettings = LogSettings()
@@ -77,39 +89,14 @@ class GatewaySettings(BaseSettings):
         for m in self.models:
             served = m.served_name if not isinstance(m, EmbeddingModel) else m.served_entry_name
             if m.name in ps_names or served in ps_names:
-                raise ValueError(f"model {m.name!r} would expose a PS servable; PS servables are never reachable")
+                raise ValueError(
+                    f"model {m.name!r} would expose a PS servable; PS servables are never reachable"
+                )
         return self
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return env_settings, init_settings  # env overrides the YAML file (passed as init values)
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> GatewaySettings:
     """Settings from a YAML file (relative manifest paths resolve against the file's directory) + env."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ValueError(f"{p}: cannot read gateway config: {exc.strerror or exc}") from exc
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{p}: invalid YAML: {exc}") from exc
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{p}: the gateway config must be a mapping, got {type(loaded).__name__}")
-        for m in loaded.get("models") or []:
-            if isinstance(m, dict) and isinstance(m.get("manifest"), str) and not Path(m["manifest"]).is_absolute():
-                m["manifest"] = str((p.parent / m["manifest"]).resolve())
-        data = loaded
+    data: dict[str, Any] = read_config(path, "gateway config") if path is not None else {}
     data.update(overrides)
     return GatewaySettings(**data)

@@ -9,12 +9,12 @@ ignores ``passthrough`` ones. Bad values are rejected at startup.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from schemas.config_file import EnvOverFile, read_config
 from schemas.deltas import DEFAULT_TOPIC, HPS_TOPIC_PATTERN
 from schemas.deployment import DeployedModel, EmbeddingModel
 
@@ -46,7 +46,7 @@ class RetrySettings(_Strict):
         return self
 
 
-class UpdaterSettings(BaseSettings):
+class UpdaterSettings(EnvOverFile):
     model_config = SettingsConfigDict(
         env_prefix="EMBEDGATE_", env_nested_delimiter="__", extra="forbid", frozen=True
     )
@@ -94,27 +94,6 @@ class UpdaterSettings(BaseSettings):
         return [m for m in self.models if isinstance(m, EmbeddingModel)]
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Environment wins over the values passed in (which come from the YAML file).
-        return (env_settings, init_settings)
-
-    @classmethod
     def from_yaml(cls, path: str | Path) -> UpdaterSettings:
         """Read ``path`` (YAML mapping), apply ``EMBEDGATE_`` env overrides, validate."""
-        p = Path(path)
-        try:
-            data: Any = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except OSError as exc:
-            raise ValueError(f"{p}: cannot read updater config: {exc.strerror or exc}") from exc
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{p}: invalid YAML: {exc}") from exc
-        if not isinstance(data, dict):
-            raise TypeError(f"{p}: the updater config must be a YAML mapping")
-        return cls(**data)
+        return cls(**read_config(path, "updater config"))

@@ -61,7 +61,7 @@ def test_unreadable_and_non_mapping(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot read updater config"):
         UpdaterSettings.from_yaml(tmp_path / "missing.yaml")
     (tmp_path / "list.yaml").write_text("- 1\n")
-    with pytest.raises(TypeError, match="must be a YAML mapping"):
+    with pytest.raises(ValueError, match="must be a mapping"):
         UpdaterSettings.from_yaml(tmp_path / "list.yaml")
 
 
