@@ -7,7 +7,7 @@ CACHE := $(CURDIR)/.cache
 export PIP_CACHE_DIR := $(CACHE)/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install kafka-jars test run stop protos bench clean
+.PHONY: install kafka-jars lint test run stop protos bench clean
 
 install: $(STAMP)
 
@@ -21,7 +21,11 @@ $(STAMP): pyproject.toml
 kafka-jars: install
 	$(PY) -m embedgate kafka fetch
 
-test: install kafka-jars
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: install kafka-jars lint
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # Builds the demo model if missing, starts Kafka, serve-local (entry + PS), the updater and the gateway on

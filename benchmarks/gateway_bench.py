@@ -38,8 +38,9 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def _measure(call: Callable[[], Awaitable[Any]], requests: int, concurrency: int, seconds: float
-                   ) -> dict[str, float]:
+async def _measure(
+    call: Callable[[], Awaitable[Any]], requests: int, concurrency: int, seconds: float
+) -> dict[str, float]:
     for _ in range(min(20, requests)):  # warm-up
         await call()
     lat: list[float] = []
@@ -89,9 +90,11 @@ async def _run(args: argparse.Namespace, demo: Any, backend_target: str, gw_url:
     body = json.dumps({"instances": instances}).encode()
 
     channel = grpc.aio.insecure_channel(backend_target)
-    predict = channel.unary_unary("/tensorflow.serving.PredictionService/Predict",
-                                  request_serializer=tfs_pb2.PredictRequest.SerializeToString,
-                                  response_deserializer=tfs_pb2.PredictResponse.FromString)
+    predict = channel.unary_unary(
+        "/tensorflow.serving.PredictionService/Predict",
+        request_serializer=tfs_pb2.PredictRequest.SerializeToString,
+        response_deserializer=tfs_pb2.PredictResponse.FromString,
+    )
     batch = batch_from_instances(instances, manifest)
     plan = plan_lookups(batch, manifest)
     lookup_reqs = []
@@ -100,13 +103,19 @@ async def _run(args: argparse.Namespace, demo: Any, backend_target: str, gw_url:
         req.model_spec.name = ps_model_name(name, i)
         req.model_spec.signature_name = "lookup"
         for t in manifest.tables:
-            req.inputs[lookup_ids_input(t.name)].CopyFrom(from_ndarray(plan.shard_ids[i][t.name].astype(np.int64)))
+            req.inputs[lookup_ids_input(t.name)].CopyFrom(
+                from_ndarray(plan.shard_ids[i][t.name].astype(np.int64))
+            )
         lookup_reqs.append(req)
     values = []
     for req in lookup_reqs:
         resp = await predict(req, timeout=10)
-        values.append({t.name: to_ndarray(resp.outputs[lookup_values_output(t.name)]).reshape(-1, t.dim)
-                       for t in manifest.tables})
+        values.append(
+            {
+                t.name: to_ndarray(resp.outputs[lookup_values_output(t.name)]).reshape(-1, t.dim)
+                for t in manifest.tables
+            }
+        )
     entry_inputs = {**pool(plan, values, batch, manifest), **batch.dense}
     entry_req = tfs_pb2.PredictRequest()
     entry_req.model_spec.name = f"{name}_entry"
@@ -123,6 +132,7 @@ async def _run(args: argparse.Namespace, demo: Any, backend_target: str, gw_url:
 
     limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
     async with httpx.AsyncClient(base_url=gw_url, limits=limits, timeout=30) as client:
+
         async def rest_embedding() -> None:
             r = await client.post(f"/v1/models/{name}:predict", content=body)
             r.raise_for_status()
@@ -132,20 +142,27 @@ async def _run(args: argparse.Namespace, demo: Any, backend_target: str, gw_url:
             r.raise_for_status()
 
         out: dict[str, Any] = {}
-        for label, rest, direct in (("embedding", rest_embedding, direct_embedding),
-                                    ("passthrough", rest_entry, direct_entry)):
+        for label, rest, direct in (
+            ("embedding", rest_embedding, direct_embedding),
+            ("passthrough", rest_entry, direct_entry),
+        ):
             g = await _measure(rest, args.requests, args.concurrency, args.seconds)
             d = await _measure(direct, args.requests, args.concurrency, args.seconds)
-            out[label] = {"gateway_rest": g, "direct_grpc": d,
-                          "p50_ratio": round(g["p50_ms"] / d["p50_ms"], 2),
-                          "throughput_ratio": round(g["throughput_rps"] / d["throughput_rps"], 2)}
+            out[label] = {
+                "gateway_rest": g,
+                "direct_grpc": d,
+                "p50_ratio": round(g["p50_ms"] / d["p50_ms"], 2),
+                "throughput_ratio": round(g["throughput_rps"] / d["throughput_rps"], 2),
+            }
     await channel.close()
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=1000, help="max requests per measurement (capped at 20000)")
+    p.add_argument(
+        "--requests", type=int, default=1000, help="max requests per measurement (capped at 20000)"
+    )
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--seconds", type=float, default=20.0, help="max seconds per measurement (capped at 120)")
     p.add_argument("--batch", type=int, default=8, help="instances per request")
@@ -168,12 +185,28 @@ def main(argv: list[str] | None = None) -> int:
             served[ps_model_name(m.model_name, i)] = demo.model_dir / ps_dir_name(i)
         with serve_local(served) as backend:
             cfg = Path(tmp) / "gateway.yaml"
-            cfg.write_text(yaml.safe_dump({"log": {"access": False}, "models": [
-                {"kind": "embedding", "name": m.model_name, "manifest": str(demo.model_dir), "entry": backend.target,
-                 "shards": [{"replicas": [backend.target]}] * m.num_shards},
-                {"kind": "passthrough", "name": "entry", "target": backend.target,
-                 "backend_name": entry_model_name(m.model_name)},
-            ]}))
+            cfg.write_text(
+                yaml.safe_dump(
+                    {
+                        "log": {"access": False},
+                        "models": [
+                            {
+                                "kind": "embedding",
+                                "name": m.model_name,
+                                "manifest": str(demo.model_dir),
+                                "entry": backend.target,
+                                "shards": [{"replicas": [backend.target]}] * m.num_shards,
+                            },
+                            {
+                                "kind": "passthrough",
+                                "name": "entry",
+                                "target": backend.target,
+                                "backend_name": entry_model_name(m.model_name),
+                            },
+                        ],
+                    }
+                )
+            )
             t0 = time.perf_counter()
             with run_gateway(cfg) as gw:
                 ready_s = time.perf_counter() - t0

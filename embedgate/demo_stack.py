@@ -76,7 +76,16 @@ class DemoStack:
         if rebuild or not (self.model_dir / "manifest.json").exists():
             print(f"building the demo model into {self.model_dir} (one time) ...", flush=True)
             shutil.rmtree(self.model_dir, ignore_errors=True)
-            cmd = [sys.executable, "-m", "embedgate", "demo-model", "--out", str(self.models_dir), "--name", _MODEL]
+            cmd = [
+                sys.executable,
+                "-m",
+                "embedgate",
+                "demo-model",
+                "--out",
+                str(self.models_dir),
+                "--name",
+                _MODEL,
+            ]
             subprocess.run(cmd, check=True)
 
     def start_kafka(self) -> str:
@@ -116,8 +125,7 @@ class DemoStack:
         gateway_yaml.write_text(model_yaml)
         updater_yaml = conf / "updater.yaml"
         updater_yaml.write_text(
-            model_yaml
-            + f"bootstrap_servers: '{bootstrap}'\nmetrics_port: {self.metrics_port}\n"
+            model_yaml + f"bootstrap_servers: '{bootstrap}'\nmetrics_port: {self.metrics_port}\n"
         )
         return models_config, gateway_yaml, updater_yaml
 
@@ -141,10 +149,12 @@ class DemoStack:
         deadline = time.monotonic() + _READY_TIMEOUT_S
         while time.monotonic() < deadline:
             self.check_children()
-            with contextlib.suppress(urllib.error.URLError, OSError):
-                with urllib.request.urlopen(url, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
+            with (
+                contextlib.suppress(urllib.error.URLError, OSError),
+                urllib.request.urlopen(url, timeout=2) as resp,
+            ):
+                if resp.status == 200:
+                    return
             time.sleep(0.5)
         raise RuntimeError(f"the gateway was not ready within {_READY_TIMEOUT_S:.0f} s; see {self.logs}")
 
@@ -153,7 +163,8 @@ class DemoStack:
             if child.proc.poll() is not None:
                 tail = child.log.read_text(errors="replace").splitlines()[-25:]
                 raise RuntimeError(
-                    f"{child.name} exited with code {child.proc.returncode}; last log lines:\n" + "\n".join(tail)
+                    f"{child.name} exited with code {child.proc.returncode}; last log lines:\n"
+                    + "\n".join(tail)
                 )
 
     def stop(self) -> None:
@@ -223,7 +234,14 @@ def _run(args: argparse.Namespace) -> int:
         )
         stack.spawn("updater", "updater", "--config", str(updater_yaml))
         stack.spawn(
-            "gateway", "gateway", "--config", str(gateway_yaml), "--host", "127.0.0.1", "--port", str(stack.rest_port)
+            "gateway",
+            "gateway",
+            "--config",
+            str(gateway_yaml),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(stack.rest_port),
         )
         stack.wait_ready()
         print(stack.banner(), flush=True)
@@ -258,8 +276,12 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("demo", help="run the demo stack (make run)")
     sub = parser.add_subparsers(dest="demo_command", required=True)
     default_dir = str(_repo_root() / "var" / "demo")
-    run = sub.add_parser("run", help="build the demo model if missing and run Kafka, serve-local, updater, gateway")
-    run.add_argument("--workdir", default=default_dir, help="models, configs, logs and Kafka data (default var/demo)")
+    run = sub.add_parser(
+        "run", help="build the demo model if missing and run Kafka, serve-local, updater, gateway"
+    )
+    run.add_argument(
+        "--workdir", default=default_dir, help="models, configs, logs and Kafka data (default var/demo)"
+    )
     run.add_argument("--grpc-port", type=int, default=8500)
     run.add_argument("--rest-port", type=int, default=8501)
     run.add_argument("--kafka-port", type=int, default=9092)

@@ -73,8 +73,15 @@ class RequestIdMiddleware:
                 await self.app(scope, receive, send_with_id)
         finally:
             if self.access_log and scope["path"] not in _QUIET:
-                log.info("request", extra={"method": scope["method"], "path": scope["path"], "status": status,
-                                           "duration_ms": round((time.perf_counter() - start) * 1000, 3)})
+                log.info(
+                    "request",
+                    extra={
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "status": status,
+                        "duration_ms": round((time.perf_counter() - start) * 1000, 3),
+                    },
+                )
             REQUEST_ID.reset(token)
 
 
@@ -106,13 +113,21 @@ def _examples(
             if isinstance(instances, list) and all(isinstance(i, dict) and "b64" not in i for i in instances):
                 examples_body = {"examples": instances}
         predict[m.name] = {"summary": f"{m.name}: the exporter's example request", "value": value}
-    predict["tf_row"] = {"summary": "TF Serving row format (plain model)", "value": {"instances": [[1.0, 2.0, 5.0]]}}
+    predict["tf_row"] = {
+        "summary": "TF Serving row format (plain model)",
+        "value": {"instances": [[1.0, 2.0, 5.0]]},
+    }
     predict["tf_columnar"] = {"summary": "TF Serving columnar format", "value": {"inputs": [[1.0, 2.0, 5.0]]}}
     cr: dict[str, Any] = {}
     if examples_body is not None:
-        cr[defaults["model_name"]] = {"summary": f"{defaults['model_name']}: the example request as tf.Examples",
-                                      "value": examples_body}
-    cr["tf_examples"] = {"summary": "TF Serving classify/regress body", "value": {"examples": [{"x": [1.0], "y": 2.0}]}}
+        cr[defaults["model_name"]] = {
+            "summary": f"{defaults['model_name']}: the example request as tf.Examples",
+            "value": examples_body,
+        }
+    cr["tf_examples"] = {
+        "summary": "TF Serving classify/regress body",
+        "value": {"examples": [{"x": [1.0], "y": 2.0}]},
+    }
     return {"predict": predict, "classify": cr, "regress": cr}, defaults
 
 

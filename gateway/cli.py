@@ -10,7 +10,9 @@ __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("gateway", help="serve TF Serving's REST API in front of TF Serving / PS backends")
+    p = subparsers.add_parser(
+        "gateway", help="serve TF Serving's REST API in front of TF Serving / PS backends"
+    )
     p.add_argument("--config", required=True, help="gateway YAML config (every key also EMBEDGATE_<KEY>)")
     p.add_argument("--host", default=None, help="bind address (default: config host, 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="REST port (default: config port, 8501)")
@@ -42,9 +44,20 @@ def _run(args: argparse.Namespace) -> int:
         print(f"embedgate gateway: invalid configuration: {exc}", file=sys.stderr)
         return 2
     logging.getLogger("embedgate.gateway").info(
-        "config", extra={"config": settings.model_dump(mode="json", exclude={"models"}),
-                         "models": [m.name for m in settings.models]}
+        "config",
+        extra={
+            "config": settings.model_dump(mode="json", exclude={"models"}),
+            "models": [m.name for m in settings.models],
+        },
     )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                timeout_graceful_shutdown=10, timeout_keep_alive=75, loop="asyncio")
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+        timeout_keep_alive=75,
+        loop="asyncio",
+    )
     return 0

@@ -96,7 +96,7 @@ def batch_from_instances(instances: list[Any], manifest: Manifest) -> FeatureBat
     for i, item in enumerate(instances):
         if not isinstance(item, dict):
             raise InvalidArgument(
-                f"example {i}: expected an object of features or {{\"b64\": ...}}, got {_show(item)}"
+                f'example {i}: expected an object of features or {{"b64": ...}}, got {_show(item)}'
             )
         if len(item) == 1 and isinstance(item.get("b64"), str):
             try:
@@ -122,7 +122,9 @@ def batch_from_columns(inputs: Any, manifest: Manifest) -> FeatureBatch:
         if name not in roles:
             raise InvalidArgument(f"feature {name!r}: unknown feature; {_expected_names(manifest)}")
         if not isinstance(column, list):
-            raise InvalidArgument(f"feature {name!r}: expected a list with one value per example, got {_show(column)}")
+            raise InvalidArgument(
+                f"feature {name!r}: expected a list with one value per example, got {_show(column)}"
+            )
         if size is None:
             size, first = len(column), name
         elif len(column) != size:
@@ -157,7 +159,9 @@ def batch_from_input(inp: tfs_pb2.Input, manifest: Manifest) -> FeatureBatch:
     return builder.finish()
 
 
-def client_signature(manifest: Manifest, entry_outputs: Mapping[str, tfs_pb2.TensorInfo]) -> tfs_pb2.SignatureDef:
+def client_signature(
+    manifest: Manifest, entry_outputs: Mapping[str, tfs_pb2.TensorInfo]
+) -> tfs_pb2.SignatureDef:
     """The predict signature clients see in ``/metadata`` for an embedding model.
 
     Inputs: single ids int64 [-1]; multi ids int64 [-1, -1]; weights float [-1] (single) / [-1, -1] (multi);
@@ -184,7 +188,9 @@ def _set_info(info: tfs_pb2.TensorInfo, name: str, dtype: int, shape: list[int])
 
 # -- the builder: per-example values -> arrays ------------------------------------------------------------------------
 
-_Role = tuple[str, Any]  # ("ids", SparseFeatureSpec) | ("weights", SparseFeatureSpec) | ("dense", DenseFeatureSpec)
+_Role = tuple[
+    str, Any
+]  # ("ids", SparseFeatureSpec) | ("weights", SparseFeatureSpec) | ("dense", DenseFeatureSpec)
 
 
 def _roles(manifest: Manifest) -> dict[str, _Role]:
@@ -209,14 +215,18 @@ class _Builder:
         self.manifest = manifest
         self.size = size
         self.roles = _roles(manifest)
-        self.ids: dict[str, list[Sequence[int] | None]] = {f.name: [None] * size for f in manifest.sparse_features}
+        self.ids: dict[str, list[Sequence[int] | None]] = {
+            f.name: [None] * size for f in manifest.sparse_features
+        }
         self.weights: dict[str, list[Sequence[float] | None]] = {
             f.name: [None] * size for f in manifest.sparse_features if f.weights
         }
         self.dense: dict[str, np.ndarray] = {
             d.name: np.empty((size, d.dim), dtype=np.float32) for d in manifest.dense_features
         }
-        self.dense_seen: dict[str, np.ndarray] = {d.name: np.zeros(size, dtype=bool) for d in manifest.dense_features}
+        self.dense_seen: dict[str, np.ndarray] = {
+            d.name: np.zeros(size, dtype=bool) for d in manifest.dense_features
+        }
         # JSON dense rows (example index, Python numbers), converted in finish()
         self.dense_json: dict[str, tuple[list[int], list[list[Any]]]] = {
             d.name: ([], []) for d in manifest.dense_features
@@ -233,7 +243,9 @@ class _Builder:
             self._json_value(role, name, i, value)
         for name, (kind, _spec) in self.roles.items():
             if kind != "weights" and name not in item:
-                raise InvalidArgument(f"feature {name!r} at example {i}: missing; {_expected_names(self.manifest)}")
+                raise InvalidArgument(
+                    f"feature {name!r} at example {i}: missing; {_expected_names(self.manifest)}"
+                )
 
     def add_json_column(self, name: str, column: list[Any]) -> None:
         role = self.roles[name]
@@ -309,7 +321,9 @@ class _Builder:
                 raise InvalidArgument(f"feature {name!r} at example {int(np.argmin(seen))}: missing")
         return FeatureBatch(size=self.size, sparse=sparse, dense=self.dense)
 
-    def _weights(self, f: SparseFeatureSpec, lengths: np.ndarray, row_splits: np.ndarray) -> np.ndarray | None:
+    def _weights(
+        self, f: SparseFeatureSpec, lengths: np.ndarray, row_splits: np.ndarray
+    ) -> np.ndarray | None:
         name = f.weights or ""
         per_example = self.weights[f.name]
         if all(w is None for w in per_example):
@@ -320,12 +334,18 @@ class _Builder:
                 raise InvalidArgument(
                     f"feature {name!r} at example {i}: expected {n} weights (one per id of {f.name!r}), got {len(w)}"
                 )
-        filled = [w if w is not None else itertools.repeat(1.0, n) for w, n in zip(per_example, counts, strict=True)]
+        filled = [
+            w if w is not None else itertools.repeat(1.0, n) for w, n in zip(per_example, counts, strict=True)
+        ]
         try:
-            as_double = np.fromiter(itertools.chain.from_iterable(filled), dtype=np.float64, count=int(row_splits[-1]))
+            as_double = np.fromiter(
+                itertools.chain.from_iterable(filled), dtype=np.float64, count=int(row_splits[-1])
+            )
         except OverflowError:
             i = next(i for i, w in enumerate(per_example) if w is not None and _beyond_double(w))
-            raise InvalidArgument(f"feature {name!r} at example {i}: a value is outside the float range") from None
+            raise InvalidArgument(
+                f"feature {name!r} at example {i}: a value is outside the float range"
+            ) from None
         with np.errstate(over="ignore"):
             out = as_double.astype(np.float32)
         bad = ~np.isfinite(out)
@@ -346,7 +366,9 @@ def _to_float32(rows: list[list[Any]], name: str, index: list[int]) -> np.ndarra
         as_double = np.array(rows, dtype=np.float64)
     except OverflowError:
         i = next(i for i, row in zip(index, rows, strict=True) if _beyond_double(row))
-        raise InvalidArgument(f"feature {name!r} at example {i}: a value is outside the float range") from None
+        raise InvalidArgument(
+            f"feature {name!r} at example {i}: a value is outside the float range"
+        ) from None
     with np.errstate(over="ignore"):
         return as_double.astype(np.float32)
 
@@ -373,9 +395,13 @@ def _json_ids(value: Any, spec: SparseFeatureSpec, i: int) -> list[int]:
             raise InvalidArgument(f"feature {spec.name!r} at example {i}: id {ids[0]} is outside int64")
         return ids
     if type(value) is not list:
-        raise InvalidArgument(f"feature {spec.name!r} at example {i}: expected a list of int64 ids, got {_show(value)}")
+        raise InvalidArgument(
+            f"feature {spec.name!r} at example {i}: expected a list of int64 ids, got {_show(value)}"
+        )
     # C-speed checks first; the per-element loop only runs to name the offending element.
-    if value and not (set(map(type, value)) == _INT_ONLY and min(value) >= _I64_MIN and max(value) <= _I64_MAX):
+    if value and not (
+        set(map(type, value)) == _INT_ONLY and min(value) >= _I64_MIN and max(value) <= _I64_MAX
+    ):
         for j, x in enumerate(value):
             if type(x) is not int:
                 raise InvalidArgument(
@@ -400,7 +426,9 @@ def _json_numbers(values: list[Any], name: str, i: int, what: str, *, bare: bool
         for j, x in enumerate(values):
             if type(x) is not float and type(x) is not int:
                 where = "" if bare else f" at position {j}"
-                raise InvalidArgument(f"feature {name!r} at example {i}: expected {what}, got {_show(x)}{where}")
+                raise InvalidArgument(
+                    f"feature {name!r} at example {i}: expected {what}, got {_show(x)}{where}"
+                )
     return values
 
 
@@ -423,13 +451,19 @@ def _json_dense(value: Any, spec: DenseFeatureSpec, i: int) -> list[Any]:
     if type(value) is not list:
         raise InvalidArgument(f"feature {spec.name!r} at example {i}: expected {what}, got {_show(value)}")
     if len(value) != spec.dim:
-        raise InvalidArgument(f"feature {spec.name!r} at example {i}: expected {spec.dim} numbers, got {len(value)}")
+        raise InvalidArgument(
+            f"feature {spec.name!r} at example {i}: expected {spec.dim} numbers, got {len(value)}"
+        )
     return _json_numbers(value, spec.name, i, what, bare=bare)
 
 
 # -- tf.Example value checks ------------------------------------------------------------------------------------------
 
-_KIND_TEXT: Final = {"bytes_list": "a bytes_list", "float_list": "a float_list", "int64_list": "an int64_list"}
+_KIND_TEXT: Final = {
+    "bytes_list": "a bytes_list",
+    "float_list": "a float_list",
+    "int64_list": "an int64_list",
+}
 
 
 def _example_ids(feature: tfs_pb2.Feature, spec: SparseFeatureSpec, name: str, i: int) -> list[int]:
@@ -439,12 +473,16 @@ def _example_ids(feature: tfs_pb2.Feature, spec: SparseFeatureSpec, name: str, i
     elif kind is None:
         ids = []
     else:
-        raise InvalidArgument(f"feature {name!r} at example {i}: expected an int64_list of ids, got {_KIND_TEXT[kind]}")
+        raise InvalidArgument(
+            f"feature {name!r} at example {i}: expected an int64_list of ids, got {_KIND_TEXT[kind]}"
+        )
     if spec.kind is FeatureKind.SINGLE:
         if len(ids) != 1:
             raise InvalidArgument(f"feature {name!r} at example {i}: expected exactly one id, got {len(ids)}")
     elif spec.max_ids is not None and len(ids) > spec.max_ids:
-        raise InvalidArgument(f"feature {name!r} at example {i}: {len(ids)} ids, more than max_ids {spec.max_ids}")
+        raise InvalidArgument(
+            f"feature {name!r} at example {i}: {len(ids)} ids, more than max_ids {spec.max_ids}"
+        )
     return ids
 
 

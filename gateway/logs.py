@@ -18,7 +18,8 @@ _STD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
             "msg": record.getMessage(),
@@ -44,7 +45,11 @@ class _TextFormatter(logging.Formatter):
 def configure_logging(fmt: str, level: str) -> None:
     """Root logger to stderr in ``fmt`` ("json" | "text"); uvicorn's loggers propagate to it."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    handler.setFormatter(
+        _JsonFormatter()
+        if fmt == "json"
+        else _TextFormatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

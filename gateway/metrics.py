@@ -18,24 +18,36 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "embedgate_requests", "REST requests by model, version, API and outcome (OK or the error code name)",
-            ["model", "version", "api", "outcome"], registry=r,
+            "embedgate_requests",
+            "REST requests by model, version, API and outcome (OK or the error code name)",
+            ["model", "version", "api", "outcome"],
+            registry=r,
         )
         self.latency = Histogram(
-            "embedgate_request_duration_seconds", "REST request latency in seconds", ["model", "api"],
-            buckets=_BUCKETS, registry=r,
+            "embedgate_request_duration_seconds",
+            "REST request latency in seconds",
+            ["model", "api"],
+            buckets=_BUCKETS,
+            registry=r,
         )
         self.backend_latency = Histogram(
-            "embedgate_backend_call_duration_seconds", "gRPC backend call latency in seconds", ["target", "method"],
-            buckets=_BUCKETS, registry=r,
+            "embedgate_backend_call_duration_seconds",
+            "gRPC backend call latency in seconds",
+            ["target", "method"],
+            buckets=_BUCKETS,
+            registry=r,
         )
         self.backend_errors = Counter(
-            "embedgate_backend_errors", "gRPC backend calls that failed, by status code", ["target", "method", "code"],
+            "embedgate_backend_errors",
+            "gRPC backend calls that failed, by status code",
+            ["target", "method", "code"],
             registry=r,
         )
         self.in_flight = Gauge("embedgate_requests_in_flight", "REST requests being processed", registry=r)
         self.rejected = Counter(
-            "embedgate_requests_rejected", "REST requests refused because max_in_flight was reached", registry=r
+            "embedgate_requests_rejected",
+            "REST requests refused because max_in_flight was reached",
+            registry=r,
         )
 
     def observe_backend(self, target: str, method: str, seconds: float, code: str) -> None:

@@ -109,7 +109,9 @@ class MetadataCache:
         now = time.monotonic()
         if hit is not None and hit[0] > now and not fresh:
             return hit[1], hit[2]
-        req = tfs_pb2.GetModelMetadataRequest(model_spec=_spec(served, version), metadata_field=["signature_def"])
+        req = tfs_pb2.GetModelMetadataRequest(
+            model_spec=_spec(served, version), metadata_field=["signature_def"]
+        )
         resp = await client.get_model_metadata(req, deadline)
         if "signature_def" not in resp.metadata:
             raise Internal(f"backend {client.target} returned no signature_def metadata for {served}")
@@ -288,9 +290,9 @@ class EmbeddingServable:
         if sig not in ("", self.signature):
             raise InvalidArgument(f'Serving signature name: "{sig}" not found in signature def')
 
-    async def _lookup(self, shard: int, ids: Mapping[str, np.ndarray], version: int | None, deadline: float) -> dict[
-        str, np.ndarray
-    ]:
+    async def _lookup(
+        self, shard: int, ids: Mapping[str, np.ndarray], version: int | None, deadline: float
+    ) -> dict[str, np.ndarray]:
         req = tfs_pb2.PredictRequest(
             model_spec=_spec(self.config.served_ps_name(shard), version, LOOKUP_SIGNATURE)
         )
@@ -311,7 +313,9 @@ class EmbeddingServable:
             out[t.name] = to_ndarray(resp.outputs[key]).reshape(-1, t.dim).astype(np.float32, copy=False)
         return out
 
-    async def run(self, batch: Any, version: int | None, deadline: float) -> tuple[dict[str, np.ndarray], str]:
+    async def run(
+        self, batch: Any, version: int | None, deadline: float
+    ) -> tuple[dict[str, np.ndarray], str]:
         """Lookups on every shard concurrently, pooling, entry Predict; returns entry outputs + answering version."""
         from gateway.embedding import plan_lookups, pool
 
@@ -350,9 +354,9 @@ class EmbeddingServable:
         outputs, answered = await self.run(batch, version, deadline)
         return Reply(jt.predict_response(outputs, fmt), answered)
 
-    async def _scores(self, inp: tfs_pb2.Input, sig: str, version: int | None, deadline: float) -> tuple[
-        np.ndarray, str
-    ]:
+    async def _scores(
+        self, inp: tfs_pb2.Input, sig: str, version: int | None, deadline: float
+    ) -> tuple[np.ndarray, str]:
         from gateway.features import batch_from_input
 
         self._check_signature(sig)
@@ -363,9 +367,11 @@ class EmbeddingServable:
                 f"Expected one output tensor for classify/regress, model {self.name} has {len(outputs)}: "
                 f"{', '.join(sorted(outputs))}"
             )
-        (name, arr), = outputs.items()
+        ((name, arr),) = outputs.items()
         if arr.ndim == 0 or arr.shape[0] != batch.size or arr.ndim > 2:
-            raise InvalidArgument(f"Output tensor {name} has shape {list(arr.shape)}; expected [{batch.size}, ...]")
+            raise InvalidArgument(
+                f"Output tensor {name} has shape {list(arr.shape)}; expected [{batch.size}, ...]"
+            )
         return arr.reshape(batch.size, -1), answered
 
     async def classify(self, inp: tfs_pb2.Input, sig: str, version: int | None, deadline: float) -> Reply:
@@ -450,7 +456,9 @@ class Gateway:
         m, version = self._resolve(name, spec)
         return await m.predict(doc, sig, version, deadline, fast=not jt.may_contain_bools(body))
 
-    async def _classify_regress(self, method: str, name: str, spec: VersionSpec, body: bytes, deadline: float) -> Reply:
+    async def _classify_regress(
+        self, method: str, name: str, spec: VersionSpec, body: bytes, deadline: float
+    ) -> Reply:
         from gateway.codec.example import input_from_json
 
         doc = jt.loads(body)

@@ -33,7 +33,9 @@ class PassthroughModel(_Strict):
     name: str = Field(pattern=r"^[^/:]+$", description="model name clients use in REST paths")
     target: Target
     backend_name: str | None = Field(None, description="model name on the backend; default = name")
-    version_labels: dict[str, int] = Field(default_factory=dict, description="label -> version, e.g. stable: 3")
+    version_labels: dict[str, int] = Field(
+        default_factory=dict, description="label -> version, e.g. stable: 3"
+    )
 
     @property
     def served_name(self) -> str:
@@ -51,8 +53,12 @@ class EmbeddingModel(_Strict):
     entry: Target
     shards: list[ShardTargets] = Field(min_length=1)
     entry_name: str | None = Field(None, description="served name of the entry; default <name>_entry")
-    ps_name_prefix: str | None = Field(None, description="served PS names are <prefix><i>; default <name>_ps_")
-    version_labels: dict[str, int] = Field(default_factory=dict, description="label -> version, e.g. stable: 3")
+    ps_name_prefix: str | None = Field(
+        None, description="served PS names are <prefix><i>; default <name>_ps_"
+    )
+    version_labels: dict[str, int] = Field(
+        default_factory=dict, description="label -> version, e.g. stable: 3"
+    )
 
     @property
     def served_entry_name(self) -> str:

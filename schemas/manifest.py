@@ -39,7 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from schemas.partition import PARTITION_FUNCTION
 
 __all__ = [
+    "LOOKUP_SIGNATURE",
     "MANIFEST_FILE",
+    "ROW_COUNT_SIGNATURE",
     "Combiner",
     "DenseFeatureSpec",
     "EntrySpec",
@@ -50,16 +52,14 @@ __all__ = [
     "PartitionSpec",
     "SparseFeatureSpec",
     "TableSpec",
+    "delete_signature",
     "entry_model_name",
     "lookup_ids_input",
     "lookup_values_output",
     "ps_dir_name",
     "ps_model_name",
     "row_count_output",
-    "LOOKUP_SIGNATURE",
-    "ROW_COUNT_SIGNATURE",
     "upsert_signature",
-    "delete_signature",
 ]
 
 MANIFEST_FILE = "manifest.json"
@@ -69,7 +69,9 @@ LOOKUP_SIGNATURE = "lookup"
 ROW_COUNT_SIGNATURE = "row_count"
 
 _NAME = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
-Name = Annotated[str, Field(pattern=_NAME, description="letters, digits and _; starts with a letter; <= 64 chars")]
+Name = Annotated[
+    str, Field(pattern=_NAME, description="letters, digits and _; starts with a letter; <= 64 chars")
+]
 
 
 def upsert_signature(table: str) -> str:
@@ -127,7 +129,9 @@ class TableSpec(_Strict):
     name: Name
     dim: int = Field(gt=0, le=65536)
     default_value: float = Field(0.0, description="every element of the row returned for an unknown id")
-    allow_nan: bool = Field(False, description="whether rows may contain NaN/Inf (the updater rejects them if not)")
+    allow_nan: bool = Field(
+        False, description="whether rows may contain NaN/Inf (the updater rejects them if not)"
+    )
     rows: int = Field(0, ge=0, description="rows exported with the model (informational)")
 
 
@@ -241,5 +245,3 @@ def _describe(exc: ValidationError) -> str:
         loc = ".".join(str(x) for x in err["loc"]) or "<root>"
         parts.append(f"{loc}: {err['msg']}")
     return "; ".join(parts)
-
-

@@ -51,8 +51,9 @@ class BackendClient:
         self.target = target
         self._observe = observe
         self._stubs: dict[str, Callable[..., Any]] = {
-            name: channel.unary_unary(path, request_serializer=req.SerializeToString,
-                                      response_deserializer=resp.FromString)
+            name: channel.unary_unary(
+                path, request_serializer=req.SerializeToString, response_deserializer=resp.FromString
+            )
             for name, (path, req, resp) in _METHODS.items()
         }
 
@@ -75,7 +76,9 @@ class BackendClient:
     async def predict(self, req: tfs_pb2.PredictRequest, deadline: float) -> tfs_pb2.PredictResponse:
         return await self._call("Predict", req, deadline)  # type: ignore[no-any-return]
 
-    async def classify(self, req: tfs_pb2.ClassificationRequest, deadline: float) -> tfs_pb2.ClassificationResponse:
+    async def classify(
+        self, req: tfs_pb2.ClassificationRequest, deadline: float
+    ) -> tfs_pb2.ClassificationResponse:
         return await self._call("Classify", req, deadline)  # type: ignore[no-any-return]
 
     async def regress(self, req: tfs_pb2.RegressionRequest, deadline: float) -> tfs_pb2.RegressionResponse:

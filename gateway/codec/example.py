@@ -112,7 +112,9 @@ def input_from_json(body: dict[str, Any], method: str) -> tfs_pb2.Input:
             f"JSON Value: {_debug_string(body)} When method is classify, key 'examples' is expected and was not found"
         )
     if not isinstance(examples, list):
-        raise InvalidArgument(f"JSON Value: {_debug_string(body)} Expecting 'examples' value to be an list/array")
+        raise InvalidArgument(
+            f"JSON Value: {_debug_string(body)} Expecting 'examples' value to be an list/array"
+        )
     if not examples:
         raise InvalidArgument(f"JSON Value: {_debug_string(body)} 'examples' value is an empty array")
     target = inp.example_list_with_context.examples if has_context else inp.example_list.examples
@@ -147,7 +149,9 @@ def _feature_values(name: str, content: Any) -> tuple[str | None, list[Any]]:
     for val in items:
         this_kind, converted = _element(name, val, kind)
         if kind is not None and this_kind != kind:
-            raise InvalidArgument(f"Unexpected element type in feature: {name} expecting type: {_KIND_TEXT[kind]}")
+            raise InvalidArgument(
+                f"Unexpected element type in feature: {name} expecting type: {_KIND_TEXT[kind]}"
+            )
         kind = this_kind
         values.append(converted)
     return kind, values
@@ -190,7 +194,9 @@ def _element(name: str, val: Any, kind: str | None) -> tuple[str, Any]:
 
 def _check_kind(name: str, kind: str | None, wanted: str) -> None:
     if kind is not None and kind != wanted:
-        raise InvalidArgument(f"Unexpected element type in feature: {name} expecting type: {_KIND_TEXT[kind]}")
+        raise InvalidArgument(
+            f"Unexpected element type in feature: {name} expecting type: {_KIND_TEXT[kind]}"
+        )
 
 
 def _is_b64_object(val: dict[str, Any]) -> bool:

@@ -114,6 +114,7 @@ def _slow_loads(data: bytes | str) -> Any:
     if start == len(text):
         raise InvalidArgument(f"JSON Parse error: The document is empty. at offset: {start}")
     fixed = _TOKENS.sub(_fix_token, text) if ("In" in text or "NaN" in text) else text
+
     def parse_float(literal: str) -> float:
         v = float(literal)
         if math.isinf(v):
@@ -178,7 +179,9 @@ def _debug(v: Any, indent: int) -> str:
         if not v:
             return "{}"
         pad = " " * (indent + 4)
-        items = [f"{pad}{json.dumps(str(k), ensure_ascii=False)}: {_debug(x, indent + 4)}" for k, x in v.items()]
+        items = [
+            f"{pad}{json.dumps(str(k), ensure_ascii=False)}: {_debug(x, indent + 4)}" for k, x in v.items()
+        ]
         return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
     return repr(v)
 
@@ -288,7 +291,9 @@ def _leaf(v: Any, dtype: int) -> Any:
             return v.encode("utf-8", errors="surrogateescape")
         if t is dict:
             if not _is_b64(v):
-                raise InvalidArgument(f"JSON Value: {debug_string(v)} not formatted correctly for base64 data")
+                raise InvalidArgument(
+                    f"JSON Value: {debug_string(v)} not formatted correctly for base64 data"
+                )
             return b64decode(v["b64"])
         raise _type_error(v, dtype)
     if t is dict:
@@ -421,7 +426,9 @@ def tensors_from_request(
     if has_instances:
         instances = doc["instances"]
         if not isinstance(instances, list):
-            raise InvalidArgument(f"JSON Value: {debug_string(dict(doc))} Expecting 'instances' to be an list/array")
+            raise InvalidArgument(
+                f"JSON Value: {debug_string(dict(doc))} Expecting 'instances' to be an list/array"
+            )
         if not instances:
             raise InvalidArgument(f"JSON Value: {debug_string(dict(doc))} No values in 'instances' array")
         return _from_instances(instances, dtypes, fast), Format.ROW
@@ -442,7 +449,9 @@ def check_request_keys(doc: Mapping[str, Any]) -> Format:
     if has_instances:
         instances = doc["instances"]
         if not isinstance(instances, list):
-            raise InvalidArgument(f"JSON Value: {debug_string(dict(doc))} Expecting 'instances' to be an list/array")
+            raise InvalidArgument(
+                f"JSON Value: {debug_string(dict(doc))} Expecting 'instances' to be an list/array"
+            )
         if not instances:
             raise InvalidArgument(f"JSON Value: {debug_string(dict(doc))} No values in 'instances' array")
         return Format.ROW
@@ -495,7 +504,9 @@ def _fast_instances(instances: list[Any], dtypes: Mapping[str, int]) -> dict[str
     return None if arr is None else {names[0]: arr}
 
 
-def _from_instances(instances: list[Any], dtypes: Mapping[str, int], fast: bool = False) -> dict[str, np.ndarray]:
+def _from_instances(
+    instances: list[Any], dtypes: Mapping[str, int], fast: bool = False
+) -> dict[str, np.ndarray]:
     if fast and (done := _fast_instances(instances, dtypes)) is not None:
         return done
     names = sorted(dtypes)
@@ -628,7 +639,9 @@ def _nest(tokens: list[str], shape: Sequence[int], start: int) -> tuple[str, int
     return "[" + ", ".join(parts) + "]", pos
 
 
-FAST_OUTPUT_MIN = 4096  # numeric tensors with more elements are written by orjson (same values, shortest digits)
+FAST_OUTPUT_MIN = (
+    4096  # numeric tensors with more elements are written by orjson (same values, shortest digits)
+)
 _NP_OPT = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -657,7 +670,7 @@ def predict_response(outputs: Mapping[str, np.ndarray], fmt: Format) -> bytes:
         if len(names) == 1:
             body = _tensor_json(outputs[names[0]], names[0])
         else:
-            items = [f'        {_key(n)}: {_tensor_json(outputs[n], n)}' for n in names]
+            items = [f"        {_key(n)}: {_tensor_json(outputs[n], n)}" for n in names]
             body = "{\n" + ",\n".join(items) + "\n    }"
         return ('{\n    "outputs": ' + body + "\n}").encode()
     batch = -1
@@ -666,7 +679,9 @@ def predict_response(outputs: Mapping[str, np.ndarray], fmt: Format) -> bytes:
         if a.ndim == 0:
             raise InvalidArgument(f"Tensor name: {n} has no shape information ")
         if batch >= 0 and a.shape[0] != batch:
-            raise InvalidArgument(f"Tensor name: {n} has inconsistent batch size: {a.shape[0]} expecting: {batch}")
+            raise InvalidArgument(
+                f"Tensor name: {n} has inconsistent batch size: {a.shape[0]} expecting: {batch}"
+            )
         batch = a.shape[0]
     if batch == 0:
         return b'{\n    "predictions": []\n}'
@@ -709,7 +724,9 @@ def classify_response(results: Sequence[Sequence[tuple[str, float]]]) -> bytes:
         raise InvalidArgument("Cannot convert empty ClassificationResults to JSON")
     rows = []
     for classes in results:
-        cls = ", ".join(f"[{orjson.dumps(label).decode()}, {format_float(float(score))}]" for label, score in classes)
+        cls = ", ".join(
+            f"[{orjson.dumps(label).decode()}, {format_float(float(score))}]" for label, score in classes
+        )
         rows.append("        [" + cls + "]")
     return ('{\n    "results": [\n' + ",\n".join(rows) + "\n    ]\n}").encode()
 

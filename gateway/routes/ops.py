@@ -20,7 +20,9 @@ async def healthz() -> Response:
     return Response(b'{"status": "ok"}', media_type="application/json")
 
 
-@router.get("/readyz", summary="Readiness: every configured backend answers GetModelStatus with an AVAILABLE version")
+@router.get(
+    "/readyz", summary="Readiness: every configured backend answers GetModelStatus with an AVAILABLE version"
+)
 async def readyz(rt: RuntimeDep) -> Response:
     if rt.gateway is None:
         return Response(b'{"status": "starting"}', status_code=503, media_type="application/json")

@@ -25,7 +25,8 @@ __all__ = ["V1_PATH", "add_v1_routes", "handle_v1"]
 log = logging.getLogger("embedgate.gateway")
 
 _PREDICT = re.compile(
-    r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)", re.IGNORECASE
+    r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)",
+    re.IGNORECASE,
 )
 _STATUS = re.compile(
     r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?", re.IGNORECASE
@@ -57,7 +58,9 @@ def _spec(version: str | None, label: str | None) -> VersionSpec:
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise InvalidArgument(f"Request body of {declared} bytes exceeds the limit of {limit} bytes (max_body_bytes)")
+        raise InvalidArgument(
+            f"Request body of {declared} bytes exceeds the limit of {limit} bytes (max_body_bytes)"
+        )
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -73,7 +76,9 @@ async def _read_body(request: Request, limit: int) -> bytes:
         except zlib.error as exc:
             raise InvalidArgument(f"Unable to gunzip request body: {exc}") from None
         if len(body) > limit or d.unconsumed_tail:
-            raise InvalidArgument(f"Uncompressed request body exceeds the limit of {limit} bytes (max_body_bytes)")
+            raise InvalidArgument(
+                f"Uncompressed request body exceeds the limit of {limit} bytes (max_body_bytes)"
+            )
     return body
 
 
@@ -82,7 +87,9 @@ async def handle_v1(request: Request) -> Response:
         origin = request.headers.get("origin", "")
         if origin.startswith(("http://", "https://")):
             return Response(status_code=200)
-        return Response(b"Origin header is missing in CORS preflight", status_code=400, media_type="text/plain")
+        return Response(
+            b"Origin header is missing in CORS preflight", status_code=400, media_type="text/plain"
+        )
     rt: Runtime = request.app.state.runtime
     start = time.perf_counter()
     deadline = time.monotonic() + rt.settings.request_timeout_s
@@ -131,13 +138,20 @@ async def handle_v1(request: Request) -> Response:
             headers["Retry-After"] = str(rt.settings.retry_after_s)
         if not acquired:
             rt.metrics.rejected.inc()
-        response = Response(error_body(exc.message), status_code=exc.http_status, media_type="application/json",
-                            headers=headers)
+        response = Response(
+            error_body(exc.message),
+            status_code=exc.http_status,
+            media_type="application/json",
+            headers=headers,
+        )
     except Exception as exc:  # our bug: answer 500 as JSON and log the traceback
         log.exception("unhandled error", extra={"path": path})
         outcome = "INTERNAL"
-        response = Response(error_body(f"Internal error: {type(exc).__name__}: {exc}"), status_code=500,
-                            media_type="application/json")
+        response = Response(
+            error_body(f"Internal error: {type(exc).__name__}: {exc}"),
+            status_code=500,
+            media_type="application/json",
+        )
     finally:
         if acquired:
             rt.limiter.release()
@@ -159,21 +173,42 @@ def _params(version: bool, label: bool, defaults: dict[str, Any]) -> list[dict[s
         return out
 
     ps: list[dict[str, Any]] = [
-        {"name": "model_name", "in": "path", "required": True, "schema": schema("string", "model_name"),
-         "description": "a configured model name"}
+        {
+            "name": "model_name",
+            "in": "path",
+            "required": True,
+            "schema": schema("string", "model_name"),
+            "description": "a configured model name",
+        }
     ]
     if version:
-        ps.append({"name": "version", "in": "path", "required": True, "schema": schema("integer", "version"),
-                   "description": "numeric model version"})
+        ps.append(
+            {
+                "name": "version",
+                "in": "path",
+                "required": True,
+                "schema": schema("integer", "version"),
+                "description": "numeric model version",
+            }
+        )
     if label:
-        ps.append({"name": "label", "in": "path", "required": True, "schema": schema("string", "label"),
-                   "description": "a version label configured for the model (version_labels)"})
+        ps.append(
+            {
+                "name": "label",
+                "in": "path",
+                "required": True,
+                "schema": schema("string", "label"),
+                "description": "a version label configured for the model (version_labels)",
+            }
+        )
     return ps
 
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"description": "bad request, e.g. malformed JSON or a feature that does not match the model: "
-                         '{"error": "..."}'},
+    400: {
+        "description": "bad request, e.g. malformed JSON or a feature that does not match the model: "
+        '{"error": "..."}'
+    },
     404: {"description": "unknown model, version or signature"},
     429: {"description": "too many requests in flight (Retry-After)"},
     503: {"description": "backend unavailable"},
@@ -189,29 +224,39 @@ def add_v1_routes(app: FastAPI, examples: dict[str, dict[str, Any]], defaults: d
     variants = [("", False, False), ("/versions/{version}", True, False), ("/labels/{label}", False, True)]
     for verb in ("predict", "classify", "regress"):
         for suffix, v, lab in variants:
-            body = {"required": True, "content": {"application/json": {"schema": {"type": "object"},
-                                                                       "examples": examples.get(verb, {})}}}
+            body = {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"type": "object"}, "examples": examples.get(verb, {})}
+                },
+            }
             app.add_api_route(
-                f"/v1/models/{{model_name}}{suffix}:{verb}", handle_v1, methods=["POST"], tags=[verb],
+                f"/v1/models/{{model_name}}{suffix}:{verb}",
+                handle_v1,
+                methods=["POST"],
+                tags=[verb],
                 summary=f"{verb.capitalize()}" + (" (version)" if v else " (label)" if lab else ""),
                 openapi_extra={"parameters": _params(v, lab, defaults), "requestBody": body},
-                responses=_RESPONSES, response_class=Response,
+                responses=_RESPONSES,
+                response_class=Response,
             )
     for kind in ("status", "metadata"):
         for suffix, v, lab in variants:
             tail = "/metadata" if kind == "metadata" else ""
             app.add_api_route(
-                f"/v1/models/{{model_name}}{suffix}{tail}", handle_v1, methods=["GET"], tags=[kind],
+                f"/v1/models/{{model_name}}{suffix}{tail}",
+                handle_v1,
+                methods=["GET"],
+                tags=[kind],
                 summary=f"Model {kind}" + (" (version)" if v else " (label)" if lab else ""),
-                openapi_extra={"parameters": _params(v, lab, defaults)}, responses=_RESPONSES,
+                openapi_extra={"parameters": _params(v, lab, defaults)},
+                responses=_RESPONSES,
                 response_class=Response,
             )
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
     app.add_api_route("/v1/{rest:path}", handle_v1, include_in_schema=False, methods=methods)
     # TF Serving matches (?i)/v1/.* : /V1/Models/... is still the REST API; anything else is a plain 404.
     app.add_api_route("/{rest:path}", _fallback, include_in_schema=False, methods=methods)
-
-
 
 
 async def _fallback(request: Request) -> Response:

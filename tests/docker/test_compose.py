@@ -21,7 +21,9 @@ def test_tf_serving_model_configs_parse_as_model_server_config() -> None:
 
     served: set[str] = set()
     for name in ("entry.config", "ps_even.config", "ps_odd.config"):
-        config = text_format.Parse((DOCKER / "config" / name).read_text(), model_server_config_pb2.ModelServerConfig())
+        config = text_format.Parse(
+            (DOCKER / "config" / name).read_text(), model_server_config_pb2.ModelServerConfig()
+        )
         for model in config.model_config_list.config:
             assert model.base_path.startswith("/models/demo/")
             served.add(model.name)

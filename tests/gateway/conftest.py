@@ -23,14 +23,18 @@ def tf_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def passthrough_backend(tf_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def passthrough_backend(
+    tf_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     from tests.support.servers import serve_local
 
     parts = []
     for name, base in tf_models.items():
         policy = "    model_version_policy { all {} }\n" if name == "half" else ""
-        parts.append(f'  config {{\n    name: "{name}"\n    base_path: "{base}"\n    model_platform: "tensorflow"\n'
-                     f"{policy}  }}\n")
+        parts.append(
+            f'  config {{\n    name: "{name}"\n    base_path: "{base}"\n    model_platform: "tensorflow"\n'
+            f"{policy}  }}\n"
+        )
     config = tmp_path_factory.mktemp("gw_cfg") / "models.config"
     config.write_text("model_config_list {\n" + "".join(parts) + "}\n", encoding="utf-8")
     with serve_local(config) as server:
@@ -39,7 +43,12 @@ def passthrough_backend(tf_models: dict[str, Path], tmp_path_factory: pytest.Tem
 
 def passthrough_models(target: str) -> list[dict[str, Any]]:
     return [
-        {"kind": "passthrough", "name": "half", "target": target, "version_labels": {"stable": 1, "canary": 2}},
+        {
+            "kind": "passthrough",
+            "name": "half",
+            "target": target,
+            "version_labels": {"stable": 1, "canary": 2},
+        },
         {"kind": "passthrough", "name": "multi", "target": target},
         {"kind": "passthrough", "name": "slow", "target": target},
         {"kind": "passthrough", "name": "cr", "target": target},

@@ -15,6 +15,7 @@ def build_models(root: Path) -> dict[str, Path]:
 
     # half: y = 0.5 x + 2 (v1) / + 3 (v2); extra signatures "double" and "lookup" (a PS-looking name)
     for version, offset in ((1, 2.0), (2, 3.0)):
+
         class Half(tf.Module):
             @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
             def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -29,16 +30,21 @@ def build_models(root: Path) -> dict[str, Path]:
                 return {"t_values": tf.cast(t_ids, tf.float32)}
 
         m = Half()
-        tf.saved_model.save(m, str(root / "half" / str(version)),
-                            signatures={"serving_default": m.serve, "double": m.double, "lookup": m.lookup})
+        tf.saved_model.save(
+            m,
+            str(root / "half" / str(version)),
+            signatures={"serving_default": m.serve, "double": m.double, "lookup": m.lookup},
+        )
     out["half"] = root / "half"
 
     class Multi(tf.Module):
-        @tf.function(input_signature=[
-            tf.TensorSpec([None, 2], tf.float32, name="a"),
-            tf.TensorSpec([None], tf.int64, name="n"),
-            tf.TensorSpec([None], tf.string, name="s"),
-        ])
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None, 2], tf.float32, name="a"),
+                tf.TensorSpec([None], tf.int64, name="n"),
+                tf.TensorSpec([None], tf.string, name="s"),
+            ]
+        )
         def serve(self, a: tf.Tensor, n: tf.Tensor, s: tf.Tensor) -> dict[str, tf.Tensor]:
             return {
                 "sum": tf.reduce_sum(a, axis=1) + tf.cast(n, tf.float32),
@@ -54,8 +60,11 @@ def build_models(root: Path) -> dict[str, Path]:
         @tf.function(input_signature=[tf.TensorSpec([None], tf.int32, name="n")])
         def serve(self, n: tf.Tensor) -> dict[str, tf.Tensor]:
             limit = tf.reduce_max(n)
-            _, acc = tf.while_loop(lambda i, acc: i < limit, lambda i, acc: (i + 1, acc + 1.0),
-                                   (tf.constant(0), tf.constant(0.0)))
+            _, acc = tf.while_loop(
+                lambda i, acc: i < limit,
+                lambda i, acc: (i + 1, acc + 1.0),
+                (tf.constant(0), tf.constant(0.0)),
+            )
             return {"y": tf.cast(n, tf.float32) * 0.0 + acc}
 
     m = Slow()
@@ -89,6 +98,7 @@ def build_retyped(base: Path, version: int) -> Path:
     import tensorflow as tf
 
     if version == 1:
+
         class V1(tf.Module):
             @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
             def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -96,6 +106,7 @@ def build_retyped(base: Path, version: int) -> Path:
 
         m: tf.Module = V1()
     else:
+
         class V2(tf.Module):
             @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="x")])
             def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:

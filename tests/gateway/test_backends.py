@@ -38,10 +38,19 @@ def test_every_grpc_status_code_maps(status: grpc.StatusCode) -> None:
 
 
 def test_http_table_matches_tf_serving() -> None:
-    assert [http_status(c) for c in (Code.INVALID_ARGUMENT, Code.NOT_FOUND, Code.DEADLINE_EXCEEDED,
-                                     Code.RESOURCE_EXHAUSTED, Code.UNAVAILABLE, Code.UNIMPLEMENTED,
-                                     Code.FAILED_PRECONDITION, Code.CANCELLED)] == [400, 404, 504, 429, 503, 501, 400,
-                                                                                    499]
+    assert [
+        http_status(c)
+        for c in (
+            Code.INVALID_ARGUMENT,
+            Code.NOT_FOUND,
+            Code.DEADLINE_EXCEEDED,
+            Code.RESOURCE_EXHAUSTED,
+            Code.UNAVAILABLE,
+            Code.UNIMPLEMENTED,
+            Code.FAILED_PRECONDITION,
+            Code.CANCELLED,
+        )
+    ] == [400, 404, 504, 429, 503, 501, 400, 499]
     assert http_status(99) == 500
 
 
@@ -87,8 +96,13 @@ async def test_replica_failover_and_all_down() -> None:
 
         return run
 
-    rs = ReplicaSet([BackendClient("a", _Channel(behaviour("a", True))),  # type: ignore[arg-type]
-                     BackendClient("b", _Channel(behaviour("b", False)))], retry_s=60)  # type: ignore[arg-type]
+    rs = ReplicaSet(
+        [
+            BackendClient("a", _Channel(behaviour("a", True))),  # type: ignore[arg-type]
+            BackendClient("b", _Channel(behaviour("b", False))),
+        ],
+        retry_s=60,
+    )  # type: ignore[arg-type]
     for _ in range(4):
         await rs.predict(tfs_pb2.PredictRequest(), time.monotonic() + 5)
     assert calls.count("a") == 1  # skipped while marked down

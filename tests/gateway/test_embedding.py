@@ -111,7 +111,9 @@ def _setup(draw: st.DrawFn) -> tuple[Manifest, FeatureBatch]:
         weights = None
         if f.weights:
             strategy = _POSITIVE_WEIGHT if f.combiner is Combiner.MEAN else _SIGNED_WEIGHT
-            weights = np.array(draw(st.lists(strategy, min_size=ids.size, max_size=ids.size)), dtype=np.float32)
+            weights = np.array(
+                draw(st.lists(strategy, min_size=ids.size, max_size=ids.size)), dtype=np.float32
+            )
         sparse[f.name] = SparseInput(ids=ids, row_splits=splits, weights=weights)
     return manifest, FeatureBatch(size=size, sparse=sparse, dense={})
 
@@ -136,7 +138,9 @@ def test_plan_covers_every_id_once_on_its_shard(setup: tuple[Manifest, FeatureBa
             if ids.size:
                 assert (shard_for(ids, manifest.num_shards) == s).all()
             seen += ids.tolist()
-        assert sorted(seen) == sorted(wanted)  # every id exactly once over all shards (dedupe across the batch)
+        assert sorted(seen) == sorted(
+            wanted
+        )  # every id exactly once over all shards (dedupe across the batch)
     assert plan.num_ids == sum(len(set(ids.tolist())) for ids in _ids_by_table(batch, manifest).values())
 
 
@@ -163,9 +167,7 @@ def test_pool_equals_naive_reference(setup: tuple[Manifest, FeatureBatch], seed:
 
 def test_duplicates_across_examples_and_features_are_looked_up_once() -> None:
     manifest = _manifest(num_shards=2)
-    batch = batch_from_instances(
-        [{"a": 7, "b": [7, 8, 8]}, {"a": 8, "b": [7]}, {"a": 9, "b": []}], manifest
-    )
+    batch = batch_from_instances([{"a": 7, "b": [7, 8, 8]}, {"a": 8, "b": [7]}, {"a": 9, "b": []}], manifest)
     plan = plan_lookups(batch, manifest)
     assert sorted(np.concatenate([s["t"] for s in plan.shard_ids]).tolist()) == [7, 8, 9]
     assert all(s["unused"].size == 0 for s in plan.shard_ids)
@@ -179,8 +181,13 @@ def _manifest(num_shards: int = 1, combiner: str = "sum", weights: bool = False,
             "tables": [{"name": "t", "dim": dim}, {"name": "unused", "dim": 1}],
             "sparse_features": [
                 {"name": "a", "table": "t"},
-                {"name": "b", "table": "t", "kind": "multi", "combiner": combiner,
-                 "weights": "b_w" if weights else None},
+                {
+                    "name": "b",
+                    "table": "t",
+                    "kind": "multi",
+                    "combiner": combiner,
+                    "weights": "b_w" if weights else None,
+                },
             ],
             "partition": {"num_shards": num_shards},
             "entry": {"outputs": [{"name": "y", "shape": [1]}]},
@@ -188,13 +195,19 @@ def _manifest(num_shards: int = 1, combiner: str = "sum", weights: bool = False,
     )
 
 
-def _pool_rows(manifest: Manifest, instances: list[dict[str, Any]], rows: dict[int, list[float]]) -> dict[str, Any]:
+def _pool_rows(
+    manifest: Manifest, instances: list[dict[str, Any]], rows: dict[int, list[float]]
+) -> dict[str, Any]:
     batch = batch_from_instances(instances, manifest)
     plan = plan_lookups(batch, manifest)
     dim = manifest.table("t").dim
     answers = [
-        {t: np.array([rows.get(int(i), [0.0] * dim) for i in ids], np.float32).reshape(len(ids), dim)
-         if t == "t" else np.zeros((len(ids), 1), np.float32) for t, ids in s.items()}
+        {
+            t: np.array([rows.get(int(i), [0.0] * dim) for i in ids], np.float32).reshape(len(ids), dim)
+            if t == "t"
+            else np.zeros((len(ids), 1), np.float32)
+            for t, ids in s.items()
+        }
         for s in plan.shard_ids
     ]
     return pool(plan, answers, batch, manifest)
@@ -228,14 +241,19 @@ def test_combiner_goldens(combiner: str, ids: list[int], weights: list[float], e
 def test_single_feature_is_the_row_times_its_weight() -> None:
     manifest = Manifest.model_validate(
         {
-            "model_name": "m", "version": 1, "tables": [{"name": "t", "dim": 2}],
+            "model_name": "m",
+            "version": 1,
+            "tables": [{"name": "t", "dim": 2}],
             "sparse_features": [{"name": "a", "table": "t", "combiner": "mean", "weights": "a_w"}],
-            "partition": {"num_shards": 2}, "entry": {"outputs": [{"name": "y", "shape": [1]}]},
+            "partition": {"num_shards": 2},
+            "entry": {"outputs": [{"name": "y", "shape": [1]}]},
         }
     )
     batch = batch_from_instances([{"a": 1, "a_w": 0.5}, {"a": 2}], manifest)
     plan = plan_lookups(batch, manifest)
-    answers = [{"t": np.array([ROWS[int(i)] for i in s["t"]], np.float32).reshape(-1, 2)} for s in plan.shard_ids]
+    answers = [
+        {"t": np.array([ROWS[int(i)] for i in s["t"]], np.float32).reshape(-1, 2)} for s in plan.shard_ids
+    ]
     np.testing.assert_array_equal(pool(plan, answers, batch, manifest)["a"], [[0.5, 1.0], [3.0, 4.0]])
 
 
@@ -278,7 +296,10 @@ def test_pool_rejects_unusable_shard_answers() -> None:
     manifest = _manifest(num_shards=2)
     batch = batch_from_instances([{"a": 1, "b": [2, 3, 4, 5]}], manifest)
     plan = plan_lookups(batch, manifest)
-    good = [{t: np.zeros((len(ids), 2 if t == "t" else 1), np.float32) for t, ids in s.items()} for s in plan.shard_ids]
+    good = [
+        {t: np.zeros((len(ids), 2 if t == "t" else 1), np.float32) for t, ids in s.items()}
+        for s in plan.shard_ids
+    ]
     pool(plan, good, batch, manifest)
 
     with pytest.raises(Internal, match=r"^expected lookup answers from 2 PS shards, got 1$"):
@@ -290,7 +311,10 @@ def test_pool_rejects_unusable_shard_answers() -> None:
     wrong = [dict(s) for s in good]
     n = len(plan.shard_ids[0]["t"])
     wrong[0]["t"] = np.zeros((n + 1, 2), np.float32)
-    with pytest.raises(Internal, match=rf"^PS shard 0 returned values of shape \[{n + 1}, 2\] for table 't', expected \[{n}, 2\]$"):
+    with pytest.raises(
+        Internal,
+        match=rf"^PS shard 0 returned values of shape \[{n + 1}, 2\] for table 't', expected \[{n}, 2\]$",
+    ):
         pool(plan, wrong, batch, manifest)
 
 
@@ -302,7 +326,9 @@ def test_plan_and_pool_are_fast_for_a_large_batch() -> None:
     batch = FeatureBatch(
         size=size,
         sparse={
-            "a": SparseInput(ids=rng.integers(0, 100_000, size), row_splits=np.arange(size + 1), weights=None),
+            "a": SparseInput(
+                ids=rng.integers(0, 100_000, size), row_splits=np.arange(size + 1), weights=None
+            ),
             "b": SparseInput(ids=ids, row_splits=np.arange(0, size * per + 1, per), weights=None),
         },
         dense={},
@@ -311,7 +337,10 @@ def test_plan_and_pool_are_fast_for_a_large_batch() -> None:
 
     start = time.perf_counter()
     plan = plan_lookups(batch, manifest)
-    answers = [{t: np.ones((len(v), 32 if t == "t" else 1), np.float32) for t, v in s.items()} for s in plan.shard_ids]
+    answers = [
+        {t: np.ones((len(v), 32 if t == "t" else 1), np.float32) for t, v in s.items()}
+        for s in plan.shard_ids
+    ]
     out = pool(plan, answers, batch, manifest)
     elapsed = time.perf_counter() - start
     np.testing.assert_allclose(out["b"], 1.0)

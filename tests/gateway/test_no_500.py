@@ -13,8 +13,26 @@ from tests.gateway.test_rest_embedding import embedding_model
 
 pytestmark = pytest.mark.integration
 
-_LEAVES: list[Any] = [0, 1, -1, 2**63, -(2**63) - 1, 2**64, 1.5, -0.0, "x", "", True, False, None,
-                      {"b64": "AAAA"}, {"b64": "!!"}, {"b64": 1}, [], {}]
+_LEAVES: list[Any] = [
+    0,
+    1,
+    -1,
+    2**63,
+    -(2**63) - 1,
+    2**64,
+    1.5,
+    -0.0,
+    "x",
+    "",
+    True,
+    False,
+    None,
+    {"b64": "AAAA"},
+    {"b64": "!!"},
+    {"b64": 1},
+    [],
+    {},
+]
 
 
 def _value(rng: random.Random, depth: int = 0) -> Any:
@@ -28,7 +46,15 @@ def _value(rng: random.Random, depth: int = 0) -> Any:
 
 def _bodies(features: list[str], n: int, seed: int) -> list[bytes]:
     rng = random.Random(seed)
-    out: list[bytes] = [b"", b"{", b"[]", b"null", b'{"instances": [NaN]}', b"\xff\xfe", b'{"instances": [{}]}']
+    out: list[bytes] = [
+        b"",
+        b"{",
+        b"[]",
+        b"null",
+        b'{"instances": [NaN]}',
+        b"\xff\xfe",
+        b'{"instances": [{}]}',
+    ]
     for _ in range(n):
         inst = {f: _value(rng) for f in features if rng.random() < 0.8}
         if rng.random() < 0.2:

@@ -8,10 +8,23 @@ import pytest
 
 SURFACE = {
     "gateway.app": ["create_app"],
-    "gateway.service": ["EmbeddingServable", "Gateway", "MetadataCache", "PassthroughServable", "Reply",
-                        "VersionSpec", "is_hidden_signature"],
-    "gateway.backends": ["BackendClient", "CallObserver", "ReplicaSet", "error_from_rpc", "map_grpc_errors",
-                         "open_channel"],
+    "gateway.service": [
+        "EmbeddingServable",
+        "Gateway",
+        "MetadataCache",
+        "PassthroughServable",
+        "Reply",
+        "VersionSpec",
+        "is_hidden_signature",
+    ],
+    "gateway.backends": [
+        "BackendClient",
+        "CallObserver",
+        "ReplicaSet",
+        "error_from_rpc",
+        "map_grpc_errors",
+        "open_channel",
+    ],
     "gateway.codec.tensor": ["NP_DTYPES", "dtype_for", "from_ndarray", "to_ndarray"],
     "schemas.gateway_settings": ["GatewaySettings", "GrpcSettings", "LogSettings", "load_settings"],
     "tests.support.gateway": ["GatewayProc", "run_gateway"],

@@ -18,8 +18,14 @@ pytestmark = pytest.mark.integration
 
 def embedding_model(demo_artifacts: Any, target: str, **extra: Any) -> dict[str, Any]:
     n = demo_artifacts.manifest.num_shards
-    return {"kind": "embedding", "name": demo_artifacts.manifest.model_name, "manifest": str(demo_artifacts.model_dir),
-            "entry": target, "shards": [{"replicas": [target]} for _ in range(n)], **extra}
+    return {
+        "kind": "embedding",
+        "name": demo_artifacts.manifest.model_name,
+        "manifest": str(demo_artifacts.model_dir),
+        "entry": target,
+        "shards": [{"replicas": [target]} for _ in range(n)],
+        **extra,
+    }
 
 
 @pytest.fixture
@@ -49,10 +55,13 @@ def _flat(preds: Any) -> np.ndarray:
     return np.asarray(preds, dtype=np.float32).reshape(-1)
 
 
-async def test_predictions_equal_keras(egw: httpx.AsyncClient, demo_artifacts: Any, keras_predictions: np.ndarray
-                                       ) -> None:
+async def test_predictions_equal_keras(
+    egw: httpx.AsyncClient, demo_artifacts: Any, keras_predictions: np.ndarray
+) -> None:
     name = demo_artifacts.manifest.model_name
-    r = await egw.post(f"/v1/models/{name}:predict", content=json.dumps({"instances": demo_artifacts.instances}))
+    r = await egw.post(
+        f"/v1/models/{name}:predict", content=json.dumps({"instances": demo_artifacts.instances})
+    )
     assert r.status_code == 200, r.text
     preds = r.json()["predictions"]
     assert len(preds) == len(demo_artifacts.instances)
@@ -72,15 +81,20 @@ async def test_columnar_equals_row(egw: httpx.AsyncClient, demo_artifacts: Any) 
     outputs = r.json()["outputs"]
     if isinstance(outputs, dict):
         (outputs,) = outputs.values()
-    np.testing.assert_allclose(np.asarray(outputs, dtype=np.float32).reshape(-1),
-                               np.stack([_flat(p) for p in row["predictions"]]).reshape(-1), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(outputs, dtype=np.float32).reshape(-1),
+        np.stack([_flat(p) for p in row["predictions"]]).reshape(-1),
+        rtol=1e-6,
+    )
 
 
 def _example_bytes(instance: dict[str, Any], manifest: Any) -> bytes:
     from schemas.proto import tfs_pb2
 
     ex = tfs_pb2.Example()
-    floats = {f.name for f in manifest.dense_features} | {f.weights for f in manifest.sparse_features if f.weights}
+    floats = {f.name for f in manifest.dense_features} | {
+        f.weights for f in manifest.sparse_features if f.weights
+    }
     for k, v in instance.items():
         vals = v if isinstance(v, list) else [v]
         feat = ex.features.feature[k]
@@ -99,7 +113,9 @@ async def test_b64_tf_example_and_regress(egw: httpx.AsyncClient, demo_artifacts
     b64 = [{"b64": base64.b64encode(_example_bytes(i, demo_artifacts.manifest)).decode()} for i in inst]
     r = await egw.post(f"/v1/models/{name}:predict", content=json.dumps({"instances": b64}))
     assert r.status_code == 200, r.text
-    np.testing.assert_allclose(np.stack([_flat(p) for p in r.json()["predictions"]]).reshape(-1), expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        np.stack([_flat(p) for p in r.json()["predictions"]]).reshape(-1), expected, rtol=1e-6
+    )
 
     if len(demo_artifacts.manifest.entry.outputs) == 1:
         r = await egw.post(f"/v1/models/{name}:regress", content=json.dumps({"examples": inst}))
@@ -152,8 +168,10 @@ async def test_bad_features(egw: httpx.AsyncClient, demo_artifacts: Any) -> None
     assert r.status_code == 400
     r = await egw.post(f"/v1/models/{name}:predict", content=b'{"instances": []}')
     assert r.status_code == 400 and "No values in 'instances' array" in r.json()["error"]
-    r = await egw.post(f"/v1/models/{name}:predict",
-                       content=json.dumps({"signature_name": "nope", "instances": demo_artifacts.instances}))
+    r = await egw.post(
+        f"/v1/models/{name}:predict",
+        content=json.dumps({"signature_name": "nope", "instances": demo_artifacts.instances}),
+    )
     assert r.status_code == 400
 
 
@@ -172,7 +190,9 @@ PS_PATHS = [
 ]
 
 
-async def test_ps_servables_and_signatures_are_unreachable(egw: httpx.AsyncClient, demo_artifacts: Any) -> None:
+async def test_ps_servables_and_signatures_are_unreachable(
+    egw: httpx.AsyncClient, demo_artifacts: Any
+) -> None:
     from urllib.parse import quote
 
     m = demo_artifacts.manifest
@@ -186,12 +206,26 @@ async def test_ps_servables_and_signatures_are_unreachable(egw: httpx.AsyncClien
             path = path.format(ps=ps, v=v, entry=f"{m.model_name}_entry")
             r = await egw.request(method, path, content=body if method == "POST" else None)
             assert r.status_code == 404, (path, r.text)
-    signatures = ["lookup", "row_count", *(f"upsert_{t.name}" for t in m.tables), *(f"delete_{t.name}" for t in m.tables)]
+    signatures = [
+        "lookup",
+        "row_count",
+        *(f"upsert_{t.name}" for t in m.tables),
+        *(f"delete_{t.name}" for t in m.tables),
+    ]
     for sig in signatures:
-        for path in (f"/v1/models/{m.model_name}:predict", f"/v1/models/{m.model_name}/versions/{v}:predict",
-                     f"/v1/models/{m.model_name}/labels/stable:predict", f"/v1/models/{m.model_name}:regress",
-                     f"/v1/models/{m.model_name}:classify"):
-            b = {"signature_name": sig, "instances": [{"t_ids": [1]}], "inputs": None, "examples": [{"ids": [1]}]}
+        for path in (
+            f"/v1/models/{m.model_name}:predict",
+            f"/v1/models/{m.model_name}/versions/{v}:predict",
+            f"/v1/models/{m.model_name}/labels/stable:predict",
+            f"/v1/models/{m.model_name}:regress",
+            f"/v1/models/{m.model_name}:classify",
+        ):
+            b = {
+                "signature_name": sig,
+                "instances": [{"t_ids": [1]}],
+                "inputs": None,
+                "examples": [{"ids": [1]}],
+            }
             b.pop("inputs")
             r = await egw.post(path, content=json.dumps(b))
             assert r.status_code == 404, (path, sig, r.text)
@@ -208,11 +242,14 @@ async def test_replica_failover(demo_artifacts: Any, demo_backends: Any) -> None
     async with app_client(models=[model]) as client:
         name = demo_artifacts.manifest.model_name
         for _ in range(3):
-            r = await client.post(f"/v1/models/{name}:predict",
-                                  content=json.dumps({"instances": demo_artifacts.instances}))
+            r = await client.post(
+                f"/v1/models/{name}:predict", content=json.dumps({"instances": demo_artifacts.instances})
+            )
             assert r.status_code == 200, r.text
         text = (await client.get("/metrics")).text
-        assert f'embedgate_backend_errors_total{{code="UNAVAILABLE",method="Predict",target="{dead}"}}' in text
+        assert (
+            f'embedgate_backend_errors_total{{code="UNAVAILABLE",method="Predict",target="{dead}"}}' in text
+        )
 
 
 async def test_openapi_example_is_the_demo_request(egw: httpx.AsyncClient, demo_artifacts: Any) -> None:
@@ -238,9 +275,12 @@ async def test_openapi_example_is_the_demo_request(egw: httpx.AsyncClient, demo_
 
 
 async def test_deadline_on_embedding_path(demo_artifacts: Any, demo_backends: Any) -> None:
-    async with app_client(models=[embedding_model(demo_artifacts, demo_backends.target)],
-                          request_timeout_s=0.000001) as client:
+    async with app_client(
+        models=[embedding_model(demo_artifacts, demo_backends.target)], request_timeout_s=0.000001
+    ) as client:
         name = demo_artifacts.manifest.model_name
-        r = await client.post(f"/v1/models/{name}:predict", content=json.dumps({"instances": demo_artifacts.instances}))
+        r = await client.post(
+            f"/v1/models/{name}:predict", content=json.dumps({"instances": demo_artifacts.instances})
+        )
         assert r.status_code == 504, r.text
         assert "Deadline exceeded" in r.json()["error"]

@@ -78,7 +78,9 @@ async def test_multi_input_row_b64_and_bytes_output(gw: httpx.AsyncClient) -> No
 
 
 async def test_multi_input_columnar(gw: httpx.AsyncClient) -> None:
-    r = await post(gw, "/v1/models/multi:predict", {"inputs": {"a": [[1, 2]], "n": [1], "s": ["q"], "extra": 1}})
+    r = await post(
+        gw, "/v1/models/multi:predict", {"inputs": {"a": [[1, 2]], "n": [1], "s": ["q"], "extra": 1}}
+    )
     assert r.status_code == 200, r.text
     assert r.json() == {"outputs": {"sum": [4.0], "len": [1], "s_bytes": [{"b64": "cQ=="}]}}
 
@@ -89,13 +91,21 @@ async def test_multi_input_columnar(gw: httpx.AsyncClient) -> None:
         (b"", 400, "JSON Parse error: The document is empty"),
         (b"{", 400, "JSON Parse error: "),
         (b"[1]", 400, "Is not object"),
-        (b'{"instances": [1], "inputs": [1]}', 400, "expecting only one of 'inputs' or 'instances' keys to exist"),
+        (
+            b'{"instances": [1], "inputs": [1]}',
+            400,
+            "expecting only one of 'inputs' or 'instances' keys to exist",
+        ),
         (b'{"foo": 1}', 400, "Missing 'inputs' or 'instances' key"),
         (b'{"instances": 1}', 400, "Expecting 'instances' to be an list/array"),
         (b'{"instances": []}', 400, "No values in 'instances' array"),
         (b'{"instances": [[1, 2], [3]]}', 400, "Expecting tensor size: 2 but got: 1"),
         (b'{"instances": ["a"]}', 400, 'JSON Value: "a" Type: String is not of expected type: float'),
-        (b'{"inputs": [[1, 2], [3]]}', 400, "Encountered list at unexpected size: 1 at level: 1 expected size: 2"),
+        (
+            b'{"inputs": [[1, 2], [3]]}',
+            400,
+            "Encountered list at unexpected size: 1 at level: 1 expected size: 2",
+        ),
         (b'{"instances": [{"x": 1, "z": 2}]}', 400, "does not have named input: z"),
         (b'{"instances": [{"b64": "!!"}]}', 400, "Type: Object is not of expected type: float"),
     ],
@@ -117,7 +127,9 @@ async def test_multi_bad_input(gw: httpx.AsyncClient) -> None:
     assert r.status_code == 400 and "is not of expected type: int64" in err(r)
     r = await post(gw, "/v1/models/multi:predict", {"inputs": {"a": [[1, 2]], "n": [1]}})
     assert r.status_code == 400 and err(r) == "Missing named input: s in 'inputs' object."
-    r = await post(gw, "/v1/models/multi:predict", {"inputs": {"a": [[1, 2]], "n": [1], "s": [{"b64": "%%"}]}})
+    r = await post(
+        gw, "/v1/models/multi:predict", {"inputs": {"a": [[1, 2]], "n": [1], "s": [{"b64": "%%"}]}}
+    )
     assert r.status_code == 400 and err(r) == "Unable to base64 decode"
 
 
@@ -160,7 +172,11 @@ async def test_status(gw: httpx.AsyncClient) -> None:
     assert r.status_code == 200
     versions = {s["version"]: s for s in r.json()["model_version_status"]}
     assert set(versions) == {"1", "2"}
-    assert versions["2"] == {"version": "2", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+    assert versions["2"] == {
+        "version": "2",
+        "state": "AVAILABLE",
+        "status": {"error_code": "OK", "error_message": ""},
+    }
     r = await gw.get("/v1/models/half/versions/1")
     assert [s["version"] for s in r.json()["model_version_status"]] == ["1"]
     r = await gw.get("/v1/models/half/labels/whatever")  # TF Serving ignores labels on the status path
@@ -215,8 +231,12 @@ async def test_tensor_content_responses_decode(tf_models: dict[str, Any]) -> Non
     from tests.gateway.conftest import app_client
     from tests.support.servers import serve_local
 
-    with serve_local({"half": tf_models["half"]}, extra_args=["--enable_serialization_as_tensor_content"]) as srv:
-        async with app_client(models=[{"kind": "passthrough", "name": "half", "target": srv.target}]) as client:
+    with serve_local(
+        {"half": tf_models["half"]}, extra_args=["--enable_serialization_as_tensor_content"]
+    ) as srv:
+        async with app_client(
+            models=[{"kind": "passthrough", "name": "half", "target": srv.target}]
+        ) as client:
             r = await post(client, "/v1/models/half:predict", {"instances": [1.0, 0.2]})
             assert r.status_code == 200, r.text
             assert r.json() == {"predictions": [3.5, 3.1]}
@@ -268,8 +288,9 @@ async def test_body_limit_and_gzip(make_client: Any) -> None:
         r = await post(client, "/v1/models/half:predict", {"instances": [1.0] * 100})
         assert r.status_code == 400 and "max_body_bytes" in err(r)
         small = json.dumps({"instances": [1.0]}).encode()
-        r = await client.post("/v1/models/half:predict", content=gzip.compress(small),
-                              headers={"content-encoding": "gzip"})
+        r = await client.post(
+            "/v1/models/half:predict", content=gzip.compress(small), headers={"content-encoding": "gzip"}
+        )
         assert r.status_code == 200 and r.json() == {"predictions": [3.5]}
         bomb = gzip.compress(json.dumps({"instances": [1.0] * 1000}).encode())
         assert len(bomb) < 100
@@ -283,7 +304,9 @@ async def test_ops_endpoints_and_metrics(gw: httpx.AsyncClient) -> None:
     assert r.status_code == 200 and r.json()["status"] == "ready"
     r = await post(gw, "/v1/models/half:predict", {"instances": [1.0]})
     assert r.headers["x-request-id"]
-    r = await gw.post("/v1/models/half:predict", content=b'{"instances": [1.0]}', headers={"x-request-id": "abc-1"})
+    r = await gw.post(
+        "/v1/models/half:predict", content=b'{"instances": [1.0]}', headers={"x-request-id": "abc-1"}
+    )
     assert r.headers["x-request-id"] == "abc-1"
     await post(gw, "/v1/models/nope:predict", {"instances": [1.0]})
     text = (await gw.get("/metrics")).text
@@ -298,8 +321,10 @@ async def test_readyz_fails_when_a_backend_is_down(passthrough_backend: Any) -> 
     from tests.gateway.conftest import app_client
     from tests.support.ports import free_port
 
-    models = [{"kind": "passthrough", "name": "half", "target": passthrough_backend.target},
-              {"kind": "passthrough", "name": "gone", "target": f"127.0.0.1:{free_port()}"}]
+    models = [
+        {"kind": "passthrough", "name": "half", "target": passthrough_backend.target},
+        {"kind": "passthrough", "name": "gone", "target": f"127.0.0.1:{free_port()}"},
+    ]
     async with app_client(models=models) as client:
         r = await client.get("/readyz")
         assert r.status_code == 503

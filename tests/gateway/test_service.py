@@ -67,8 +67,17 @@ async def test_resolution_labels_and_hidden_signatures() -> None:
     assert b'"lookup"' not in meta.body and b'"serving_default"' in meta.body
 
 
-@pytest.mark.parametrize(("sig", "hidden"), [("lookup", True), ("row_count", True), ("upsert_items", True),
-                                              ("delete_items", True), ("serving_default", False), ("", False),
-                                              ("lookups", False)])
+@pytest.mark.parametrize(
+    ("sig", "hidden"),
+    [
+        ("lookup", True),
+        ("row_count", True),
+        ("upsert_items", True),
+        ("delete_items", True),
+        ("serving_default", False),
+        ("", False),
+        ("lookups", False),
+    ],
+)
 def test_hidden_signatures(sig: str, hidden: bool) -> None:
     assert is_hidden_signature(sig) is hidden

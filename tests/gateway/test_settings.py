@@ -51,7 +51,9 @@ def test_env_overrides_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     s = load_settings(f)
     assert s.port == 9100 and s.grpc.keepalive_time_s == 7 and s.grpc.keepalive_timeout_s == 10
     assert s.log.level == "DEBUG"
-    monkeypatch.setenv("EMBEDGATE_MODELS", json.dumps([{"kind": "passthrough", "name": "x", "target": "h:1"}]))
+    monkeypatch.setenv(
+        "EMBEDGATE_MODELS", json.dumps([{"kind": "passthrough", "name": "x", "target": "h:1"}])
+    )
     assert [m.name for m in load_settings(f).models] == ["x"]
 
 
@@ -67,14 +69,36 @@ def test_env_overrides_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         {"log": {"format": "xml"}},
         {"models": []},
         {"models": [{"kind": "passthrough", "name": "a", "target": "nohostport"}]},
-        {"models": [{"kind": "passthrough", "name": "a", "target": "h:1"}, {"kind": "passthrough", "name": "a",
-                                                                          "target": "h:2"}]},
-        {"models": [{"kind": "embedding", "name": "demo", "manifest": "/m", "entry": "h:1",
-                     "shards": [{"replicas": ["h:2"]}]},
-                    {"kind": "passthrough", "name": "demo_ps_0", "target": "h:2"}]},
-        {"models": [{"kind": "embedding", "name": "demo", "manifest": "/m", "entry": "h:1",
-                     "shards": [{"replicas": ["h:2"]}]},
-                    {"kind": "passthrough", "name": "sneaky", "target": "h:2", "backend_name": "demo_ps_0"}]},
+        {
+            "models": [
+                {"kind": "passthrough", "name": "a", "target": "h:1"},
+                {"kind": "passthrough", "name": "a", "target": "h:2"},
+            ]
+        },
+        {
+            "models": [
+                {
+                    "kind": "embedding",
+                    "name": "demo",
+                    "manifest": "/m",
+                    "entry": "h:1",
+                    "shards": [{"replicas": ["h:2"]}],
+                },
+                {"kind": "passthrough", "name": "demo_ps_0", "target": "h:2"},
+            ]
+        },
+        {
+            "models": [
+                {
+                    "kind": "embedding",
+                    "name": "demo",
+                    "manifest": "/m",
+                    "entry": "h:1",
+                    "shards": [{"replicas": ["h:2"]}],
+                },
+                {"kind": "passthrough", "name": "sneaky", "target": "h:2", "backend_name": "demo_ps_0"},
+            ]
+        },
     ],
 )
 def test_bad_values_rejected(bad: dict[str, object]) -> None:

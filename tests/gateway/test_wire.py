@@ -50,7 +50,8 @@ def test_label_metadata_status_classify_regress() -> None:
 
     spec = tfs_pb2.ModelSpec(name="m", version_label="stable")
     req = get_model_metadata_pb2.GetModelMetadataRequest.FromString(
-        tfs_pb2.GetModelMetadataRequest(model_spec=spec, metadata_field=["signature_def"]).SerializeToString())
+        tfs_pb2.GetModelMetadataRequest(model_spec=spec, metadata_field=["signature_def"]).SerializeToString()
+    )
     assert req.model_spec.version_label == "stable" and list(req.metadata_field) == ["signature_def"]
 
     sigmap = get_model_metadata_pb2.SignatureDefMap()
@@ -64,7 +65,10 @@ def test_label_metadata_status_classify_regress() -> None:
     status = get_model_status_pb2.GetModelStatusResponse()
     v = status.model_version_status.add()
     v.version, v.state = 2, 30
-    assert tfs_pb2.GetModelStatusResponse.FromString(status.SerializeToString()).model_version_status[0].state == 30
+    assert (
+        tfs_pb2.GetModelStatusResponse.FromString(status.SerializeToString()).model_version_status[0].state
+        == 30
+    )
 
     c = classification_pb2.ClassificationResponse()
     c.result.classifications.add().classes.add(label="a", score=0.5)

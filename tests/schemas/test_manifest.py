@@ -42,14 +42,20 @@ def test_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"tables": [{"name": "item", "dim": 8}, {"name": "item", "dim": 4}]}, "table 'item' is declared twice"),
+        (
+            {"tables": [{"name": "item", "dim": 8}, {"name": "item", "dim": 4}]},
+            "table 'item' is declared twice",
+        ),
         ({"sparse_features": [{"name": "x", "table": "nope"}]}, "reads table 'nope', which is not declared"),
         ({"sparse_features": []}, "sparse_features"),
         ({"dense_features": [{"name": "item_id"}]}, "input name 'item_id' is used by more than one feature"),
         ({"tables": [{"name": "item", "dim": 0}]}, "dim"),
         ({"partition": {"num_shards": 0}}, "num_shards"),
         ({"partition": {"num_shards": 2, "function": "crc32"}}, "function"),
-        ({"sparse_features": [{"name": "item_id", "table": "item", "max_ids": 3}]}, "max_ids applies to kind 'multi'"),
+        (
+            {"sparse_features": [{"name": "item_id", "table": "item", "max_ids": 3}]},
+            "max_ids applies to kind 'multi'",
+        ),
         ({"sparse_features": [{"name": "bad-name", "table": "item"}]}, "name"),
         ({"surprise": 1}, "surprise"),
     ],

@@ -22,10 +22,15 @@ def test_mix64_matches_reference_splitmix64(seed: int, expected: int) -> None:
 
 
 def test_negative_ids_use_twos_complement() -> None:
-    assert int(mix64(np.array([-1], dtype=np.int64))[0]) == int(mix64(np.array([2**64 - 1], dtype=np.uint64))[0])
+    assert int(mix64(np.array([-1], dtype=np.int64))[0]) == int(
+        mix64(np.array([2**64 - 1], dtype=np.uint64))[0]
+    )
 
 
-@given(st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), min_size=1, max_size=50), st.integers(1, 64))
+@given(
+    st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), min_size=1, max_size=50),
+    st.integers(1, 64),
+)
 def test_shard_in_range_and_stable(ids: list[int], n: int) -> None:
     arr = np.array(ids, dtype=np.int64)
     shards = shard_for(arr, n)

@@ -42,8 +42,18 @@ def run_gateway(
     log_path = Path(config_yaml).parent / f"gateway-{port}.log"
     full_env = {**os.environ, **(env or {})}
     python = _REPO / ".venv" / "bin" / "python"
-    cmd = [str(python if python.exists() else sys.executable), "-m", "embedgate", "gateway", "--config",
-           str(config_yaml), "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        str(python if python.exists() else sys.executable),
+        "-m",
+        "embedgate",
+        "gateway",
+        "--config",
+        str(config_yaml),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=_REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
     gw = GatewayProc(url=f"http://127.0.0.1:{port}", port=port, proc=proc, log_path=log_path)

@@ -151,7 +151,11 @@ _feature_values = st.one_of(
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
-@given(features=st.dictionaries(st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True), _feature_values, max_size=5))
+@given(
+    features=st.dictionaries(
+        st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True), _feature_values, max_size=5
+    )
+)
 def test_example_bytes_from_tensorflow_parse_identically(features: dict[str, tuple[str, list[Any]]]) -> None:
     tf_features = {}
     for name, (kind, values) in features.items():
@@ -176,7 +180,9 @@ def test_example_bytes_from_tensorflow_parse_identically(features: dict[str, tup
 
 @pytest.mark.parametrize("data", [b"\x0a\x05ab", b"\xff", b"\x0a\x02\x0a\x05"])
 def test_parse_example_names_the_example_index(data: bytes) -> None:
-    with pytest.raises(InvalidArgument, match=r"^example 3: the bytes do not parse as a serialized tf\.Example$"):
+    with pytest.raises(
+        InvalidArgument, match=r"^example 3: the bytes do not parse as a serialized tf\.Example$"
+    ):
         parse_example(data, 3)
 
 
@@ -223,7 +229,9 @@ def test_input_from_json_kinds_follow_json_tokens(method: str) -> None:
     assert got["il"] == ("int64_list", [1, -2, 2**63 - 1])
     assert got["f"] == ("float_list", [1.5])
     kind, values = got["fl"]
-    assert kind == "float_list" and values[:2] == [0.5, 2.0] and math.isnan(values[2]) and values[3] == math.inf
+    assert (
+        kind == "float_list" and values[:2] == [0.5, 2.0] and math.isnan(values[2]) and values[3] == math.inf
+    )
     assert got["s"] == ("bytes_list", ["héllo".encode()])
     assert got["b"] == ("bytes_list", [b"ABC"])
     assert got["bl"] == ("bytes_list", [b"A", b"x"])
@@ -254,12 +262,16 @@ JSON_ERRORS: list[tuple[Any, str]] = [
     ({}, "JSON Value: {} When method is classify, key 'examples' is expected and was not found"),
     (
         {"context": {"a": 1}},
-        'JSON Value: {\n    "context": {\n        "a": 1\n    }\n} When method is classify, key \'examples\' is '
-        "expected and was not found",
+        (
+            'JSON Value: {\n    "context": {\n        "a": 1\n    }\n} When method is classify, key \'examples\' is '
+            "expected and was not found"
+        ),
     ),
     ({"examples": 1}, "JSON Value: {\n    \"examples\": 1\n} Expecting 'examples' value to be an list/array"),
-    ({"examples": {"a": 1}}, 'JSON Value: {\n    "examples": {\n        "a": 1\n    }\n} Expecting \'examples\' '
-     "value to be an list/array"),
+    (
+        {"examples": {"a": 1}},
+        'JSON Value: {\n    "examples": {\n        "a": 1\n    }\n} Expecting \'examples\' value to be an list/array',
+    ),
     ({"examples": []}, "JSON Value: {\n    \"examples\": []\n} 'examples' value is an empty array"),
     ({"examples": [1]}, "Example must be JSON object but got JSON Number"),
     ({"examples": [[]]}, "Example must be JSON object but got JSON Array"),
@@ -272,7 +284,10 @@ JSON_ERRORS: list[tuple[Any, str]] = [
     ({"examples": [{"a": [1, None]}]}, "Feature: a has element with unexpected JSON type: Null"),
     ({"examples": [{"a": [[1]]}]}, "Feature: a has element with unexpected JSON type: Array"),
     ({"examples": [{"a": {"x": 1}}]}, "Feature: a has element with unexpected JSON type: Object"),
-    ({"examples": [{"a": {"b64": "QQ==", "x": 1}}]}, "Feature: a has element with unexpected JSON type: Object"),
+    (
+        {"examples": [{"a": {"b64": "QQ==", "x": 1}}]},
+        "Feature: a has element with unexpected JSON type: Object",
+    ),
     ({"examples": [{"a": {"b64": 1}}]}, "Feature: a has element with unexpected JSON type: Object"),
     ({"examples": [{"a": [1, 1.5]}]}, "Unexpected element type in feature: a expecting type: int64"),
     ({"examples": [{"a": [1.5, 1]}]}, "Unexpected element type in feature: a expecting type: float"),
@@ -286,7 +301,10 @@ JSON_ERRORS: list[tuple[Any, str]] = [
     ({"examples": [{"a": {"b64": "QQ="}}]}, "Unable to base64 decode"),
     ({"examples": [{"a": 1e39}]}, "Cannot convert JSON value: 1e39 to float without loss of precision."),
     ({"examples": [{"a": -1e39}]}, "Cannot convert JSON value: -1e39 to float without loss of precision."),
-    ({"examples": [{"a": 10**40}]}, f"Cannot convert JSON value: {10**40} to float without loss of precision."),
+    (
+        {"examples": [{"a": 10**40}]},
+        f"Cannot convert JSON value: {10**40} to float without loss of precision.",
+    ),
     ([1], "JSON Value: [1] Is not object"),
 ]
 
@@ -305,7 +323,10 @@ def test_input_from_json_truncates_long_documents_in_errors() -> None:
     with pytest.raises(InvalidArgument) as info:
         input_from_json(body, "classify")
     head, _, tail = info.value.message.partition("... ")
-    assert head.startswith('JSON Value: {\n    "padding": "xxx') and len(head.encode()) == len("JSON Value: ") + 256
+    assert (
+        head.startswith('JSON Value: {\n    "padding": "xxx')
+        and len(head.encode()) == len("JSON Value: ") + 256
+    )
     assert tail == "When method is classify, key 'examples' is expected and was not found"
 
 

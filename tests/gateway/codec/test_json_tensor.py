@@ -96,9 +96,14 @@ def test_float_precision_and_overflow() -> None:
 
 def test_int_dtypes() -> None:
     assert tensors('{"inputs": [300]}', {"x": DT.DT_INT8})[0]["x"].tolist() == [300]  # TF checks IsInt() only
-    for body, dt in (('{"inputs": [2147483648]}', DT.DT_INT32), ('{"inputs": [-1]}', DT.DT_UINT32),
-                     ('{"inputs": [1.0]}', DT.DT_INT64), ('{"inputs": [true]}', DT.DT_INT64),
-                     ('{"inputs": [1]}', DT.DT_BOOL), ('{"inputs": [18446744073709551616]}', DT.DT_UINT64)):
+    for body, dt in (
+        ('{"inputs": [2147483648]}', DT.DT_INT32),
+        ('{"inputs": [-1]}', DT.DT_UINT32),
+        ('{"inputs": [1.0]}', DT.DT_INT64),
+        ('{"inputs": [true]}', DT.DT_INT64),
+        ('{"inputs": [1]}', DT.DT_BOOL),
+        ('{"inputs": [18446744073709551616]}', DT.DT_UINT64),
+    ):
         with pytest.raises(InvalidArgument, match="is not of expected type"):
             tensors(body, {"x": dt})
     assert tensors('{"inputs": [18446744073709551615]}', {"x": DT.DT_UINT64})[0]["x"][0] == 2**64 - 1
@@ -106,42 +111,97 @@ def test_int_dtypes() -> None:
 
 
 GOLDEN_ERRORS: list[tuple[str, dict[str, int], str]] = [
-    ('{"instances": [1], "inputs": [1]}', {"x": DT.DT_FLOAT},
-     "Not formatted correctly expecting only one of 'inputs' or 'instances' keys to exist "),
+    (
+        '{"instances": [1], "inputs": [1]}',
+        {"x": DT.DT_FLOAT},
+        "Not formatted correctly expecting only one of 'inputs' or 'instances' keys to exist ",
+    ),
     ('{"x": 1}', {"x": DT.DT_FLOAT}, "Missing 'inputs' or 'instances' key"),
     ('{"instances": {}}', {"x": DT.DT_FLOAT}, "Expecting 'instances' to be an list/array"),
     ('{"instances": []}', {"x": DT.DT_FLOAT}, "No values in 'instances' array"),
-    ('{"instances": [[1,2],[3,4],[5,6,7]]}', {"x": DT.DT_FLOAT},
-     "Failed to process element: 2 of 'instances' list. Error: INVALID_ARGUMENT: Expecting tensor size: 2 but got: 3"),
-    ('{"instances": [[1,2],[3,4],[[5,6]]]}', {"x": DT.DT_FLOAT},
-     "Failed to process element: 2 of 'instances' list. Error: INVALID_ARGUMENT: Expecting shape [2] but got: [1,2]"),
-    ('{"instances": [1,[1]]}', {"x": DT.DT_FLOAT},
-     "Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: Expecting shape [] but got: [1]"),
-    ('{"instances": [1, 2]}', {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
-     ("instances is a plain list, but expecting list of objects as multiple input tensors required as per "
-      "tensorinfo_map")),
-    ('{"instances": [{"a": 1, "b": 2}, [1]]}', {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
-     "Expecting object but got list at item 1 of input list"),
-    ('{"instances": [1, {"a": 1}]}', {"a": DT.DT_FLOAT}, "Expecting value/list but got object at item 1 of input list"),
-    ('{"instances": [{"a": 1, "c": 2}]}', {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
-     ("Failed to process element: 0 key: c of 'instances' list. Error: INVALID_ARGUMENT: "
-      "JSON object: does not have named input: c")),
-    ('{"instances": [{"a": 1}]}', {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
-     'Failed to process element: 0 of \'instances\' list. JSON object: {\n    "a": 1\n} keys must be equal to: a,b'),
-    ('{"inputs": [1, 2]}', {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
-     "inputs is a plain value/list, but expecting an object as multiple input tensors required as per tensorinfo_map"),
-    ('{"inputs": {"a": 1}}', {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT}, "Missing named input: b in 'inputs' object."),
-    ('{"inputs": [[1, 2], [3]]}', {"x": DT.DT_FLOAT},
-     "Encountered list at unexpected size: 1 at level: 1 expected size: 2"),
-    ('{"inputs": [[1, 2], [3, [4]]]}', {"x": DT.DT_FLOAT}, "Encountered list at unexpected level: 2 expected < 2"),
-    ('{"inputs": [[1, 2], 3]}', {"x": DT.DT_FLOAT},
-     "JSON Value: 3 found at incorrect level: 2 in the JSON DOM. Expected at level: 2"),
+    (
+        '{"instances": [[1,2],[3,4],[5,6,7]]}',
+        {"x": DT.DT_FLOAT},
+        "Failed to process element: 2 of 'instances' list. Error: INVALID_ARGUMENT: Expecting tensor size: 2 but got: 3",
+    ),
+    (
+        '{"instances": [[1,2],[3,4],[[5,6]]]}',
+        {"x": DT.DT_FLOAT},
+        "Failed to process element: 2 of 'instances' list. Error: INVALID_ARGUMENT: Expecting shape [2] but got: [1,2]",
+    ),
+    (
+        '{"instances": [1,[1]]}',
+        {"x": DT.DT_FLOAT},
+        "Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: Expecting shape [] but got: [1]",
+    ),
+    (
+        '{"instances": [1, 2]}',
+        {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
+        (
+            "instances is a plain list, but expecting list of objects as multiple input tensors required as per "
+            "tensorinfo_map"
+        ),
+    ),
+    (
+        '{"instances": [{"a": 1, "b": 2}, [1]]}',
+        {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
+        "Expecting object but got list at item 1 of input list",
+    ),
+    (
+        '{"instances": [1, {"a": 1}]}',
+        {"a": DT.DT_FLOAT},
+        "Expecting value/list but got object at item 1 of input list",
+    ),
+    (
+        '{"instances": [{"a": 1, "c": 2}]}',
+        {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
+        (
+            "Failed to process element: 0 key: c of 'instances' list. Error: INVALID_ARGUMENT: "
+            "JSON object: does not have named input: c"
+        ),
+    ),
+    (
+        '{"instances": [{"a": 1}]}',
+        {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
+        "Failed to process element: 0 of 'instances' list. JSON object: {\n    \"a\": 1\n} keys must be equal to: a,b",
+    ),
+    (
+        '{"inputs": [1, 2]}',
+        {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
+        "inputs is a plain value/list, but expecting an object as multiple input tensors required as per tensorinfo_map",
+    ),
+    (
+        '{"inputs": {"a": 1}}',
+        {"a": DT.DT_FLOAT, "b": DT.DT_FLOAT},
+        "Missing named input: b in 'inputs' object.",
+    ),
+    (
+        '{"inputs": [[1, 2], [3]]}',
+        {"x": DT.DT_FLOAT},
+        "Encountered list at unexpected size: 1 at level: 1 expected size: 2",
+    ),
+    (
+        '{"inputs": [[1, 2], [3, [4]]]}',
+        {"x": DT.DT_FLOAT},
+        "Encountered list at unexpected level: 2 expected < 2",
+    ),
+    (
+        '{"inputs": [[1, 2], 3]}',
+        {"x": DT.DT_FLOAT},
+        "JSON Value: 3 found at incorrect level: 2 in the JSON DOM. Expected at level: 2",
+    ),
     ('{"inputs": ["a"]}', {"x": DT.DT_FLOAT}, 'JSON Value: "a" Type: String is not of expected type: float'),
     ('{"inputs": [null]}', {"x": DT.DT_INT32}, "JSON Value: null Type: Null is not of expected type: int32"),
-    ('{"inputs": [{"b64": "aGk="}]}', {"x": DT.DT_FLOAT},
-     'JSON Value: {\n    "b64": "aGk="\n} Type: Object is not of expected type: float'),
-    ('{"inputs": [{"b64": 1}]}', {"x": DT.DT_STRING},
-     'JSON Value: {\n    "b64": 1\n} not formatted correctly for base64 data'),
+    (
+        '{"inputs": [{"b64": "aGk="}]}',
+        {"x": DT.DT_FLOAT},
+        'JSON Value: {\n    "b64": "aGk="\n} Type: Object is not of expected type: float',
+    ),
+    (
+        '{"inputs": [{"b64": 1}]}',
+        {"x": DT.DT_STRING},
+        'JSON Value: {\n    "b64": 1\n} not formatted correctly for base64 data',
+    ),
     ('{"inputs": [{"b64": "aGk_"}]}', {"x": DT.DT_STRING}, "Unable to base64 decode"),
 ]
 
@@ -156,7 +216,9 @@ def test_golden_errors(body: str, dtypes: dict[str, int], message: str) -> None:
 def test_unimplemented_dtype_columnar_vs_row() -> None:
     with pytest.raises(Unimplemented, match="Conversion of JSON Value: 1 to type: half"):
         tensors('{"inputs": [1]}', {"x": DT.DT_HALF})
-    with pytest.raises(InvalidArgument, match="Error: UNIMPLEMENTED: Conversion of JSON Value: 1 to type: half"):
+    with pytest.raises(
+        InvalidArgument, match="Error: UNIMPLEMENTED: Conversion of JSON Value: 1 to type: half"
+    ):
         tensors('{"instances": [1]}', {"x": DT.DT_HALF})
 
 
@@ -179,9 +241,19 @@ def test_b64_rejects(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(9e6, "9e+06"), (999999.0, "999999.0"), (0.5, "0.5"), (0.0003, "0.0003"), (3e-05, "3e-05"),
-     (555557.5, "555557.5"), (float(np.float32(0.2)), "0.2"), (42.0, "42.0"), (math.nan, "NaN"),
-     (math.inf, "Infinity"), (-math.inf, "-Infinity")],
+    [
+        (9e6, "9e+06"),
+        (999999.0, "999999.0"),
+        (0.5, "0.5"),
+        (0.0003, "0.0003"),
+        (3e-05, "3e-05"),
+        (555557.5, "555557.5"),
+        (float(np.float32(0.2)), "0.2"),
+        (42.0, "42.0"),
+        (math.nan, "NaN"),
+        (math.inf, "Infinity"),
+        (-math.inf, "-Infinity"),
+    ],
 )
 def test_format_float_goldens(value: float, text: str) -> None:
     assert jt.format_float(value) == text
@@ -192,11 +264,15 @@ def test_predict_response_row_and_columnar() -> None:
     assert json.loads(jt.predict_response(out, jt.Format.ROW)) == {"predictions": [[0.2], [1.0]]}
     two = {"a": np.array([1, 2], dtype=np.int64), "b_bytes": np.array([b"\x00", b"z"], dtype=object)}
     assert json.loads(jt.predict_response(two, jt.Format.ROW)) == {
-        "predictions": [{"a": 1, "b_bytes": {"b64": "AA=="}}, {"a": 2, "b_bytes": {"b64": "eg=="}}]}
+        "predictions": [{"a": 1, "b_bytes": {"b64": "AA=="}}, {"a": 2, "b_bytes": {"b64": "eg=="}}]
+    }
     assert json.loads(jt.predict_response(two, jt.Format.COLUMNAR)) == {
-        "outputs": {"a": [1, 2], "b_bytes": [{"b64": "AA=="}, {"b64": "eg=="}]}}
+        "outputs": {"a": [1, 2], "b_bytes": [{"b64": "AA=="}, {"b64": "eg=="}]}
+    }
     assert json.loads(jt.predict_response({"s": np.array(True)}, jt.Format.COLUMNAR)) == {"outputs": True}
-    assert json.loads(jt.predict_response({"e": np.zeros((0, 2), np.float32)}, jt.Format.ROW)) == {"predictions": []}
+    assert json.loads(jt.predict_response({"e": np.zeros((0, 2), np.float32)}, jt.Format.ROW)) == {
+        "predictions": []
+    }
 
 
 def test_predict_response_row_errors() -> None:
@@ -264,8 +340,11 @@ def _outcome(doc: dict[str, Any], dtypes: dict[str, int], fast: bool) -> Any:
 
 
 @settings(max_examples=300, deadline=None)
-@given(_nested, st.sampled_from([DT.DT_FLOAT, DT.DT_DOUBLE, DT.DT_INT32, DT.DT_INT64, DT.DT_UINT64, DT.DT_INT8]),
-       st.sampled_from(["inputs", "instances", "named"]))
+@given(
+    _nested,
+    st.sampled_from([DT.DT_FLOAT, DT.DT_DOUBLE, DT.DT_INT32, DT.DT_INT64, DT.DT_UINT64, DT.DT_INT8]),
+    st.sampled_from(["inputs", "instances", "named"]),
+)
 def test_fast_path_equals_exact_path(value: Any, dtype: int, form: str) -> None:
     if form == "inputs":
         doc: dict[str, Any] = {"inputs": value}

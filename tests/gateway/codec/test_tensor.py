@@ -24,9 +24,25 @@ def typed(dtype: int, shape: list[int], field: str, values: list[object]) -> tfs
 
 
 @settings(max_examples=60, deadline=None)
-@given(hnp.arrays(st.sampled_from([np.float32, np.float64, np.int32, np.int64, np.uint8, np.bool_, np.int8,
-                                   np.uint32, np.uint64, np.float16]),
-                  hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4)))
+@given(
+    hnp.arrays(
+        st.sampled_from(
+            [
+                np.float32,
+                np.float64,
+                np.int32,
+                np.int64,
+                np.uint8,
+                np.bool_,
+                np.int8,
+                np.uint32,
+                np.uint64,
+                np.float16,
+            ]
+        ),
+        hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4),
+    )
+)
 def test_tensor_content_round_trip(arr: np.ndarray) -> None:
     back = to_ndarray(from_ndarray(arr))
     assert back.dtype == arr.dtype and back.shape == arr.shape
@@ -42,7 +58,10 @@ def test_typed_fields() -> None:
     assert to_ndarray(typed(DT.DT_STRING, [2], "string_val", [b"a", b"b"])).tolist() == [b"a", b"b"]
     assert to_ndarray(typed(DT.DT_UINT64, [1], "uint64_val", [2**64 - 1])).tolist() == [2**64 - 1]
     half = np.array([1.5, -2.0], dtype=np.float16)
-    assert to_ndarray(typed(DT.DT_HALF, [2], "half_val", half.view(np.uint16).tolist())).tolist() == [1.5, -2.0]
+    assert to_ndarray(typed(DT.DT_HALF, [2], "half_val", half.view(np.uint16).tolist())).tolist() == [
+        1.5,
+        -2.0,
+    ]
     assert to_ndarray(typed(DT.DT_FLOAT, [], "float_val", [3.0])).shape == ()
 
 
