@@ -1,0 +1,94 @@
+"""Run every benchmark one after another (``make bench``): export, gateway, updater.
+
+    .venv/bin/python -m benchmarks.run [--only NAME ...]
+
+Each benchmark runs as ``python -m benchmarks.<name> <args>`` in its own subprocess with the arguments below (its
+defaults, or modest ones that keep the whole run under about 10 minutes on 2 cores), its output passed through,
+and a time limit. Exits non-zero if any benchmark fails or times out; the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["BENCHMARKS", "main"]
+
+_REPO = Path(__file__).resolve().parent.parent
+
+# name -> (arguments, time limit in seconds)
+# (all defaults; measured on 2 cores: about 20 s, 80 s and 30 s)
+BENCHMARKS: dict[str, tuple[list[str], float]] = {
+    "export_bench": (["--rows", "1000000", "--dim", "64", "--shards", "2"], 300.0),
+    "gateway_bench": (["--requests", "1000", "--concurrency", "8", "--seconds", "20", "--batch", "8"], 300.0),
+    "updater_bench": (["--rows", "200000", "--dim", "64", "--shards", "2"], 300.0),
+}
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT to the benchmark's own process group (its context managers then stop what it started: serve-local,
+    broker, gateway, updater), SIGKILL to that group if it has not exited after 60 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def _run_one(name: str, args: list[str], limit_s: float) -> tuple[int | None, float]:
+    """Return code (None on timeout) and wall time of one benchmark, run in a process group of its own."""
+    cmd = [sys.executable, "-m", f"benchmarks.{name}", *args]
+    print(f"\n=== {name}: {' '.join(cmd[1:])} (limit {limit_s:.0f} s)", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=_REPO, start_new_session=True)
+    try:
+        code: int | None = proc.wait(limit_s)
+    except subprocess.TimeoutExpired:
+        code = None
+        _stop_group(proc)
+    except BaseException:  # Ctrl-C / SIGTERM of this runner: stop the benchmark first
+        _stop_group(proc)
+        raise
+    return code, time.perf_counter() - t0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--only", action="append", choices=sorted(BENCHMARKS), help="run only this one (repeatable)"
+    )
+    opts = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    names = opts.only or list(BENCHMARKS)
+    results: dict[str, tuple[int | None, float]] = {}
+    for name in names:
+        args, limit_s = BENCHMARKS[name]
+        results[name] = _run_one(name, args, limit_s)
+    print("\n=== summary")
+    failed = []
+    for name, (code, seconds) in results.items():
+        status = "ok" if code == 0 else ("timed out" if code is None else f"failed (exit {code})")
+        print(f"{name:<16} {status:<18} {seconds:6.1f} s")
+        if code != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
