@@ -153,7 +153,39 @@ def _results_from_classification(result: tfs_pb2.ClassificationResult) -> list[l
     return [[(c.label, c.score) for c in cl.classes] for cl in result.classifications]
 
 
-class PassthroughServable:
+class _Fronted:
+    """What both kinds of servable share: a client-facing ``name`` answered by the backend servable ``served``."""
+
+    name: str
+    served: str
+
+    @property
+    def _front(self) -> BackendClient:
+        """The client of the backend that answers status for this model."""
+        raise NotImplementedError
+
+    def _err(self, exc: GatewayError) -> GatewayError:
+        return _renamed(exc, self.served, self.name)
+
+    async def status(self, version: int | None, deadline: float) -> Reply:
+        try:
+            resp = await self._front.get_model_status(
+                tfs_pb2.GetModelStatusRequest(model_spec=_spec(self.served, version)), deadline
+            )
+        except GatewayError as exc:
+            raise self._err(exc) from exc.__cause__
+        return Reply(_status_json(resp))
+
+
+async def _available(client: BackendClient, served: str, deadline: float) -> bool:
+    """Whether ``served`` has an AVAILABLE version on ``client``'s backend."""
+    resp = await client.get_model_status(
+        tfs_pb2.GetModelStatusRequest(model_spec=_spec(served, None)), deadline
+    )
+    return any(s.state == tfs_pb2.ModelVersionStatus.AVAILABLE for s in resp.model_version_status)
+
+
+class PassthroughServable(_Fronted):
     """A plain TF Serving model on one target."""
 
     def __init__(self, config: PassthroughModel, client: BackendClient, cache: MetadataCache) -> None:
@@ -163,8 +195,9 @@ class PassthroughServable:
         self.client = client
         self.cache = cache
 
-    def _err(self, exc: GatewayError) -> GatewayError:
-        return _renamed(exc, self.served, self.name)
+    @property
+    def _front(self) -> BackendClient:
+        return self.client
 
     async def predict(
         self, doc: Mapping[str, Any], sig: str, version: int | None, deadline: float, *, fast: bool = False
@@ -227,15 +260,6 @@ class PassthroughServable:
             raise self._err(exc) from exc.__cause__
         return Reply(jt.regress_response([r.value for r in resp.result.regressions]), _version_of(resp))
 
-    async def status(self, version: int | None, deadline: float) -> Reply:
-        try:
-            resp = await self.client.get_model_status(
-                tfs_pb2.GetModelStatusRequest(model_spec=_spec(self.served, version)), deadline
-            )
-        except GatewayError as exc:
-            raise self._err(exc) from exc.__cause__
-        return Reply(_status_json(resp))
-
     async def metadata(self, version: int | None, deadline: float) -> Reply:
         try:
             used, sigmap = await self.cache.get(self.client, self.served, version, deadline, fresh=True)
@@ -248,10 +272,7 @@ class PassthroughServable:
         return Reply(_metadata_json(self.name, used, visible), str(used))
 
     async def ready(self, deadline: float) -> bool:
-        resp = await self.client.get_model_status(
-            tfs_pb2.GetModelStatusRequest(model_spec=_spec(self.served, None)), deadline
-        )
-        return any(s.state == tfs_pb2.ModelVersionStatus.AVAILABLE for s in resp.model_version_status)
+        return await _available(self.client, self.served, deadline)
 
 
 def _version_of(resp: Any) -> str:
@@ -259,7 +280,7 @@ def _version_of(resp: Any) -> str:
     return str(spec.version.value) if spec.HasField("version") else ""
 
 
-class EmbeddingServable:
+class EmbeddingServable(_Fronted):
     """An entry + sharded PS model (``manifest``); lookups on every shard, then the entry."""
 
     def __init__(
@@ -283,8 +304,9 @@ class EmbeddingServable:
         self.cache = cache
         self.signature = manifest.entry.signature_name
 
-    def _err(self, exc: GatewayError) -> GatewayError:
-        return _renamed(exc, self.served, self.name)
+    @property
+    def _front(self) -> BackendClient:
+        return self.entry
 
     def _check_signature(self, sig: str) -> None:
         if sig not in ("", self.signature):
@@ -388,15 +410,6 @@ class EmbeddingServable:
             )
         return Reply(jt.regress_response(scores[:, 0].astype(np.float32).tolist()), answered)
 
-    async def status(self, version: int | None, deadline: float) -> Reply:
-        try:
-            resp = await self.entry.get_model_status(
-                tfs_pb2.GetModelStatusRequest(model_spec=_spec(self.served, version)), deadline
-            )
-        except GatewayError as exc:
-            raise self._err(exc) from exc.__cause__
-        return Reply(_status_json(resp))
-
     async def metadata(self, version: int | None, deadline: float) -> Reply:
         from gateway.features import client_signature
 
@@ -416,10 +429,7 @@ class EmbeddingServable:
         for i, rs in enumerate(self.shards):
             checks.extend((c, self.config.served_ps_name(i)) for c in rs.clients)
         for client, served in checks:
-            resp = await client.get_model_status(
-                tfs_pb2.GetModelStatusRequest(model_spec=_spec(served, None)), deadline
-            )
-            if not any(s.state == tfs_pb2.ModelVersionStatus.AVAILABLE for s in resp.model_version_status):
+            if not await _available(client, served, deadline):
                 return False
         return True
 
