@@ -36,7 +36,8 @@ from typing import Any, Final
 
 import numpy as np
 
-from gateway.codec.example import b64_decode, parse_example
+from gateway.codec.example import parse_example
+from gateway.codec.rapidjson import b64_decode
 from gateway.errors import InvalidArgument
 from schemas.manifest import DenseFeatureSpec, FeatureKind, Manifest, SparseFeatureSpec
 from schemas.proto import tfs_pb2

@@ -3,8 +3,7 @@
 * :func:`input_from_json` turns a ``:classify`` / ``:regress`` body (``"examples"`` plus optional ``"context"``) into
   an :class:`~schemas.proto.tfs_pb2.Input` with TF Serving's rules and error texts (``json_tensor.cc``
   ``FillClassifyRegressRequestFromJson`` / ``AddValueToFeature``; ../shared/notes/tfserving-api.md §2.9).
-* :func:`b64_decode` follows ``absl::Base64Unescape`` (§2.6): standard alphabet only, ASCII whitespace anywhere is
-  skipped, padding (``=`` or ``.``) is optional but, when present, must be exactly the right count.
+* ``{"b64": ...}`` values are decoded with :func:`gateway.codec.rapidjson.b64_decode` (absl's rules, §2.6).
 * :func:`parse_example` parses serialized tf.Example bytes with our own protos (never TensorFlow).
 
 Every failure raises :class:`gateway.errors.InvalidArgument`.
@@ -12,18 +11,16 @@ Every failure raises :class:`gateway.errors.InvalidArgument`.
 
 from __future__ import annotations
 
-import binascii
-import json
 import math
-import re
 from typing import Any, Final
 
 from google.protobuf.message import DecodeError
 
+from gateway.codec.rapidjson import b64_decode, debug_string, json_type, render_number
 from gateway.errors import InvalidArgument
 from schemas.proto import tfs_pb2
 
-__all__ = ["b64_decode", "input_from_json", "parse_example"]
+__all__ = ["input_from_json", "parse_example"]
 
 METHODS: Final = ("classify", "regress")
 
@@ -31,47 +28,6 @@ _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
 _U64_MAX: Final = 2**64 - 1
 _FLT_MAX: Final = 3.4028234663852886e38
-_MAX_DEBUG_BYTES: Final = 256  # json_tensor.cc kMaxJsonDebugStringBytes
-
-# -- base64 (absl::Base64Unescape) ------------------------------------------------------------------------------------
-
-_B64_WHITESPACE: Final = b" \t\n\v\f\r"  # absl::ascii_isspace
-_B64_PADS: Final = b"=."
-_B64_DATA = re.compile(rb"[A-Za-z0-9+/]*")
-_B64_CANONICAL = re.compile(rb"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
-_B64_EXPECTED_PADS: Final = {0: 0, 2: 2, 3: 1}
-
-
-def b64_decode(value: str) -> bytes:
-    """Decode ``value`` exactly as TF Serving's ``absl::Base64Unescape`` would, else ``Unable to base64 decode``.
-
-    Rules: alphabet ``A-Z a-z 0-9 + /`` (URL-safe ``-``/``_`` rejected); ASCII whitespace is skipped anywhere; the
-    data may end without padding, but pad characters (``=`` or ``.``, in any mix, whitespace between them allowed)
-    must then number exactly what the data length needs (2 after 2 leftover chars, 1 after 3, none after a full
-    quad); a lone leftover char is invalid; nothing but whitespace/padding may follow the first pad; non-zero unused
-    trailing bits are ignored.
-    """
-    if not isinstance(value, str):
-        raise InvalidArgument("Unable to base64 decode")
-    try:
-        raw = value.encode("ascii")
-    except UnicodeEncodeError:
-        raise InvalidArgument("Unable to base64 decode") from None
-    if _B64_CANONICAL.fullmatch(raw):  # the common case: standard, padded, no whitespace
-        return binascii.a2b_base64(raw)
-    first_pad = min((i for i in (raw.find(b"="), raw.find(b".")) if i >= 0), default=len(raw))
-    data = raw[:first_pad].translate(None, _B64_WHITESPACE)
-    tail = raw[first_pad:]
-    if not _B64_DATA.fullmatch(data) or tail.translate(None, _B64_WHITESPACE + _B64_PADS):
-        raise InvalidArgument("Unable to base64 decode")
-    leftover = len(data) % 4
-    if leftover == 1:
-        raise InvalidArgument("Unable to base64 decode")
-    pads = len(tail) - len(tail.translate(None, _B64_PADS))
-    if pads not in (0, _B64_EXPECTED_PADS[leftover]):
-        raise InvalidArgument("Unable to base64 decode")
-    return binascii.a2b_base64(data + b"=" * ((4 - leftover) % 4))
-
 
 # -- tf.Example bytes -------------------------------------------------------------------------------------------------
 
@@ -100,7 +56,7 @@ def input_from_json(body: dict[str, Any], method: str) -> tfs_pb2.Input:
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if not isinstance(body, dict):
-        raise InvalidArgument(f"JSON Value: {_debug_string(body)} Is not object")
+        raise InvalidArgument(f"JSON Value: {debug_string(body)} Is not object")
     inp = tfs_pb2.Input()
     has_context = "context" in body
     if has_context:
@@ -109,14 +65,14 @@ def input_from_json(body: dict[str, Any], method: str) -> tfs_pb2.Input:
     if examples is _MISSING:
         # json_tensor.cc hard-codes "classify" for both methods.
         raise InvalidArgument(
-            f"JSON Value: {_debug_string(body)} When method is classify, key 'examples' is expected and was not found"
+            f"JSON Value: {debug_string(body)} When method is classify, key 'examples' is expected and was not found"
         )
     if not isinstance(examples, list):
         raise InvalidArgument(
-            f"JSON Value: {_debug_string(body)} Expecting 'examples' value to be an list/array"
+            f"JSON Value: {debug_string(body)} Expecting 'examples' value to be an list/array"
         )
     if not examples:
-        raise InvalidArgument(f"JSON Value: {_debug_string(body)} 'examples' value is an empty array")
+        raise InvalidArgument(f"JSON Value: {debug_string(body)} 'examples' value is an empty array")
     target = inp.example_list_with_context.examples if has_context else inp.example_list.examples
     for value in examples:
         _fill_example(value, target.add())
@@ -130,7 +86,7 @@ _KIND_TEXT: Final = {"bytes_list": "bytes", "float_list": "float", "int64_list":
 
 def _fill_example(value: Any, example: tfs_pb2.Example) -> None:
     if not isinstance(value, dict):
-        raise InvalidArgument(f"Example must be JSON object but got JSON {_json_type(value)}")
+        raise InvalidArgument(f"Example must be JSON object but got JSON {json_type(value)}")
     features = example.features.feature
     for name, content in value.items():
         kind, values = _feature_values(str(name), content)
@@ -160,7 +116,7 @@ def _feature_values(name: str, content: Any) -> tuple[str | None, list[Any]]:
 def _element(name: str, val: Any, kind: str | None) -> tuple[str, Any]:
     """One JSON element -> (kind, value); ``kind`` is the feature's kind so far (checked before value errors)."""
     if val is None or isinstance(val, list):
-        raise InvalidArgument(f"Feature: {name} has element with unexpected JSON type: {_json_type(val)}")
+        raise InvalidArgument(f"Feature: {name} has element with unexpected JSON type: {json_type(val)}")
     if isinstance(val, bool):
         return "int64_list", int(val)
     if isinstance(val, dict):
@@ -186,10 +142,10 @@ def _element(name: str, val: Any, kind: str | None) -> tuple[str, Any]:
         _check_kind(name, kind, "float_list")
         if math.isfinite(val) and abs(val) > _FLT_MAX:
             raise InvalidArgument(
-                f"Cannot convert JSON value: {_render_number(val)} to float without loss of precision."
+                f"Cannot convert JSON value: {render_number(val)} to float without loss of precision."
             )
         return "float_list", val
-    raise InvalidArgument(f"Feature: {name} has element with unexpected JSON type: {_json_type(val)}")
+    raise InvalidArgument(f"Feature: {name} has element with unexpected JSON type: {json_type(val)}")
 
 
 def _check_kind(name: str, kind: str | None, wanted: str) -> None:
@@ -205,62 +161,3 @@ def _is_b64_object(val: dict[str, Any]) -> bool:
 
 
 # -- rendering JSON values inside error texts (json_tensor.cc JsonTypeString / JsonValueToDebugString) ----------------
-
-
-def _json_type(val: Any) -> str:
-    if val is None:
-        return "Null"
-    if val is True:
-        return "True"
-    if val is False:
-        return "False"
-    if isinstance(val, dict):
-        return "Object"
-    if isinstance(val, list):
-        return "Array"
-    if isinstance(val, str):
-        return "String"
-    return "Number"
-
-
-def _debug_string(val: Any) -> str:
-    """rapidjson PrettyWriter output (4-space indent, single-line arrays), cut at 256 bytes like TF Serving."""
-    text = _render(val, 0)
-    encoded = text.encode("utf-8", "surrogatepass")
-    if len(encoded) <= _MAX_DEBUG_BYTES:
-        return text
-    return encoded[:_MAX_DEBUG_BYTES].decode("utf-8", "ignore") + "..."
-
-
-def _render(val: Any, depth: int) -> str:
-    if isinstance(val, dict):
-        if not val:
-            return "{}"
-        pad = "    " * (depth + 1)
-        members = ",\n".join(
-            f"{pad}{json.dumps(str(k), ensure_ascii=False)}: {_render(v, depth + 1)}" for k, v in val.items()
-        )
-        return "{\n" + members + "\n" + "    " * depth + "}"
-    if isinstance(val, list):
-        return "[" + ", ".join(_render(v, depth + 1) for v in val) + "]"
-    if val is None:
-        return "null"
-    if isinstance(val, bool):
-        return "true" if val else "false"
-    if isinstance(val, str):
-        return json.dumps(val, ensure_ascii=False)
-    if isinstance(val, float):
-        return _render_number(val)
-    return str(val)
-
-
-def _render_number(val: float) -> str:
-    if math.isnan(val):
-        return "NaN"
-    if math.isinf(val):
-        return "Infinity" if val > 0 else "-Infinity"
-    text = repr(val)  # shortest round-trip, like rapidjson's Grisu output; rapidjson writes 1e30, not 1e+30
-    if "e" in text:
-        mantissa, exponent = text.split("e")
-        text = f"{mantissa}e{int(exponent)}"
-    return text

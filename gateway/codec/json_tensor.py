@@ -22,7 +22,6 @@ to whole numbers; ``NaN``/``Infinity``/``-Infinity`` tokens); DT_STRING outputs 
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import math
 import re
@@ -33,15 +32,14 @@ from typing import Any
 import numpy as np
 import orjson
 
+from gateway.codec.rapidjson import b64_decode, debug_string, json_type
 from gateway.errors import GatewayError, InvalidArgument, Unimplemented, status_string
 from schemas.proto import tfs_pb2
 
 __all__ = [
     "Format",
-    "b64decode",
     "check_request_keys",
     "classify_response",
-    "debug_string",
     "dtype_name",
     "error_body",
     "format_float",
@@ -54,7 +52,6 @@ __all__ = [
 ]
 
 DT = tfs_pb2.DataType
-_MAX_DEBUG = 256
 
 
 class Format(Enum):
@@ -144,59 +141,6 @@ def signature_name(doc: Mapping[str, Any]) -> str:
 # ---- debug strings (values quoted in error messages) -------------------------------------------------------------
 
 
-def _json_type(v: Any) -> str:
-    if v is None:
-        return "Null"
-    if v is True:
-        return "True"
-    if v is False:
-        return "False"
-    if isinstance(v, dict):
-        return "Object"
-    if isinstance(v, list):
-        return "Array"
-    if isinstance(v, str):
-        return "String"
-    return "Number"
-
-
-def _debug(v: Any, indent: int) -> str:
-    if v is None:
-        return "null"
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    if isinstance(v, float):
-        return format_float(v, double=True)
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
-    if isinstance(v, list):
-        return "[" + ", ".join(_debug(x, indent) for x in v) + "]"
-    if isinstance(v, dict):
-        if not v:
-            return "{}"
-        pad = " " * (indent + 4)
-        items = [
-            f"{pad}{json.dumps(str(k), ensure_ascii=False)}: {_debug(x, indent + 4)}" for k, x in v.items()
-        ]
-        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
-    return repr(v)
-
-
-def debug_string(v: Any) -> str:
-    """A JSON value as TF Serving quotes it in error messages (pretty-printed, cut at about 256 bytes)."""
-    try:
-        s = _debug(v, 0)
-    except RecursionError:
-        s = "..."
-    if len(s) > _MAX_DEBUG:
-        s = s[:_MAX_DEBUG] + "..."
-    return s
-
-
 def dtype_name(dtype: int) -> str:
     """``DataTypeString``: ``float``, ``int64``, ``string`` ..."""
     try:
@@ -207,30 +151,9 @@ def dtype_name(dtype: int) -> str:
 
 # ---- base64 ------------------------------------------------------------------------------------------------------
 
-_B64_JUNK = re.compile(r"[^A-Za-z0-9+/=.]")
-
 
 def _is_b64(v: Any) -> bool:
     return isinstance(v, dict) and len(v) == 1 and isinstance(v.get("b64"), str)
-
-
-def b64decode(text: str) -> bytes:
-    """``absl::Base64Unescape``: standard alphabet, whitespace skipped, padding optional (``=`` or ``.``)."""
-    s = "".join(text.split())
-    if _B64_JUNK.search(s):
-        raise InvalidArgument("Unable to base64 decode")
-    s = s.replace(".", "=")
-    body = s.rstrip("=")
-    pad = len(s) - len(body)
-    if "=" in body or len(body) % 4 == 1:
-        raise InvalidArgument("Unable to base64 decode")
-    need = (-len(body)) % 4
-    if pad not in (0, need):
-        raise InvalidArgument("Unable to base64 decode")
-    try:
-        return base64.b64decode(body + "=" * need, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidArgument("Unable to base64 decode") from None
 
 
 # ---- leaves ------------------------------------------------------------------------------------------------------
@@ -261,7 +184,7 @@ _NP_FOR_JSON: dict[int, Any] = {
 
 def _type_error(v: Any, dtype: int) -> InvalidArgument:
     return InvalidArgument(
-        f"JSON Value: {debug_string(v)} Type: {_json_type(v)} is not of expected type: {dtype_name(dtype)}"
+        f"JSON Value: {debug_string(v)} Type: {json_type(v)} is not of expected type: {dtype_name(dtype)}"
     )
 
 
@@ -294,7 +217,7 @@ def _leaf(v: Any, dtype: int) -> Any:
                 raise InvalidArgument(
                     f"JSON Value: {debug_string(v)} not formatted correctly for base64 data"
                 )
-            return b64decode(v["b64"])
+            return b64_decode(v["b64"])
         raise _type_error(v, dtype)
     if t is dict:
         raise _type_error(v, dtype)

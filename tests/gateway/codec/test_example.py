@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.codec.example import b64_decode, input_from_json, parse_example
+from gateway.codec.example import input_from_json, parse_example
+from gateway.codec.rapidjson import b64_decode
 from gateway.errors import InvalidArgument
 from schemas.proto import tfs_pb2
 
