@@ -339,29 +339,13 @@ def tensors_from_request(
     caller words it with the signature name, so pass at least one input). ``fast=True`` (only when
     ``not may_contain_bools(body)``) lets numpy build well-formed numeric tensors in C; results are identical.
     """
-    has_instances = "instances" in doc
-    has_inputs = "inputs" in doc
-    if has_instances and has_inputs:
-        raise InvalidArgument(
-            f"JSON Value: {debug_string(dict(doc))} Not formatted correctly expecting only one of 'inputs' or "
-            "'instances' keys to exist "
-        )
-    if has_instances:
-        instances = doc["instances"]
-        if not isinstance(instances, list):
-            raise InvalidArgument(
-                f"JSON Value: {debug_string(dict(doc))} Expecting 'instances' to be an list/array"
-            )
-        if not instances:
-            raise InvalidArgument(f"JSON Value: {debug_string(dict(doc))} No values in 'instances' array")
-        return _from_instances(instances, dtypes, fast), Format.ROW
-    if has_inputs:
-        return _from_inputs(doc["inputs"], dtypes, fast), Format.COLUMNAR
-    raise InvalidArgument("Missing 'inputs' or 'instances' key")
+    if check_request_keys(doc) is Format.ROW:
+        return _from_instances(doc["instances"], dtypes, fast), Format.ROW
+    return _from_inputs(doc["inputs"], dtypes, fast), Format.COLUMNAR
 
 
 def check_request_keys(doc: Mapping[str, Any]) -> Format:
-    """Only the instances/inputs presence rules (embedding models parse the values themselves)."""
+    """The request's format by the instances/inputs presence rules (embedding models parse the values themselves)."""
     has_instances = "instances" in doc
     has_inputs = "inputs" in doc
     if has_instances and has_inputs:
