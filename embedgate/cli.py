@@ -25,16 +25,14 @@ _COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="embedgate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="embedgate",
+        description="Serve recommendation models with sharded, streaming-updated embedding tables behind "
+        "TF Serving's API.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue  # a command module not written yet
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
