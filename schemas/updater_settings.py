@@ -4,21 +4,55 @@ Precedence: environment over YAML over defaults. Nested keys use ``__``: ``EMBED
 ``EMBEDGATE_RETRY__MAX_BACKOFF_MS=2000``; lists/objects take JSON: ``EMBEDGATE_TOPICS='["a","b"]'``.
 ``models:`` is the gateway's model list (:mod:`schemas.deployment`); the updater uses its ``embedding`` entries and
 ignores ``passthrough`` ones. Bad values are rejected at startup.
+
+``replay_since`` (:func:`parse_replay_since`) makes the updater seek back to a point in time on its first partition
+assignment, e.g. to restore rows a restarted PS replica lost (``embedgate updater --replay-since`` overrides it).
 """
 
 from __future__ import annotations
 
+import re
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from schemas.config_file import EnvOverFile, read_config
 from schemas.deltas import DEFAULT_TOPIC, HPS_TOPIC_PATTERN
 from schemas.deployment import DeployedModel, EmbeddingModel
 
-__all__ = ["BatchSettings", "RetrySettings", "UpdaterSettings"]
+__all__ = ["REPLAY_EXPORT", "BatchSettings", "RetrySettings", "UpdaterSettings", "parse_replay_since"]
+
+REPLAY_EXPORT = "export"
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+_DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_replay_since(value: str, *, now: float) -> float | None:
+    """Epoch seconds of a ``replay_since`` value, or None for ``export`` (the updater resolves that from the PS
+    artifacts). Accepted: an ISO-8601 timestamp (``2026-11-22T04:00:00Z``; without an offset it is UTC) or a
+    duration before ``now`` (``90s``, ``15m``, ``2h``, ``1d``). ValueError naming the value otherwise."""
+    text = value.strip()
+    if text == REPLAY_EXPORT:
+        return None
+    if m := _DURATION_RE.match(text):
+        return now - float(m.group(1)) * _DURATION_S[m.group(2)]
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"replay_since {value!r} is not an ISO-8601 timestamp (2026-11-22T04:00:00Z), "
+            "a duration ago (90s, 15m, 2h, 1d) or 'export'"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    seconds = when.timestamp()
+    if seconds < 0:
+        raise ValueError(f"replay_since {value!r} is before 1970-01-01")
+    return seconds
 
 
 class _Strict(BaseModel):
@@ -75,6 +109,18 @@ class UpdaterSettings(EnvOverFile):
     metrics_port: int = Field(9464, ge=0, le=65535, description="Prometheus /metrics port; 0 = off")
     metrics_host: str = "127.0.0.1"
     log_level: str = "INFO"
+    replay_since: str | None = Field(
+        None,
+        description="on the first partition assignment, seek back to this time: ISO-8601, 15m/2h/90s ago, or export",
+    )
+
+    @field_validator("replay_since")
+    @classmethod
+    def _replay_since(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_replay_since(value, now=time.time())
+            value = value.strip()
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> UpdaterSettings:

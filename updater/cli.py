@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,14 @@ __all__ = ["register"]
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("updater", help="apply Kafka embedding deltas to every PS replica")
     p.add_argument("--config", type=Path, required=True, help="updater YAML (see docs/updater.md)")
+    p.add_argument(
+        "--replay-since",
+        metavar="WHEN",
+        default=None,
+        help="on startup, seek back to WHEN and re-apply from there (overrides replay_since): an ISO-8601 "
+        "timestamp (2026-11-22T04:00:00Z), a duration ago (90s, 15m, 2h, 1d), or 'export' (the newest PS "
+        "export's time); restores rows a restarted PS lost",
+    )
     p.set_defaults(func=_run_updater)
 
     p = subparsers.add_parser("publish", help="publish absolute embedding rows (or deletes) to Kafka")
@@ -56,7 +65,7 @@ def register(subparsers: Any) -> None:
 def _run_updater(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from schemas.updater_settings import UpdaterSettings
+    from schemas.updater_settings import UpdaterSettings, parse_replay_since
     from updater.errors import ConfigError
 
     try:
@@ -64,6 +73,13 @@ def _run_updater(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, ValidationError) as exc:
         print(f"embedgate updater: invalid config {args.config}: {exc}", file=sys.stderr)
         return 2
+    if args.replay_since is not None:  # the flag wins over the file and EMBEDGATE_REPLAY_SINCE
+        try:
+            parse_replay_since(args.replay_since, now=time.time())
+        except ValueError as exc:
+            print(f"embedgate updater: --replay-since: {exc}", file=sys.stderr)
+            return 2
+        settings = settings.model_copy(update={"replay_since": args.replay_since.strip()})
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

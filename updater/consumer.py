@@ -18,6 +18,13 @@ Offsets are therefore committed only for records whose rows every replica acknow
 at-least-once. Because rows are absolute and each shard's messages share one partition, replaying from the committed
 offset converges to the last published value per key. :meth:`stop` (SIGTERM) lets the iteration in flight finish,
 commits and leaves the group. A rebalance drops everything uncommitted; the new owner replays it.
+
+**Replay** (``replay_since``, resolved once at startup by :func:`replay_timestamp_ms`): on this process's first
+non-empty partition assignment every assigned partition is sought to its first record at or after that time
+(``offsets_for_times``; the end offset when no record is that new), but never past its committed offset (records
+after it were never applied). The loop then applies and commits as usual, so the committed offsets move back. This
+restores rows a restarted PS replica lost: they are absolute, replaying them is harmless. Later rebalances start at
+the committed offsets as always. A failed lookup stops the updater with the Kafka error (nothing is skipped).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -43,13 +52,13 @@ from schemas.deltas import (
 )
 from schemas.deployment import EmbeddingModel
 from schemas.manifest import Manifest, ManifestError
-from schemas.updater_settings import UpdaterSettings
+from schemas.updater_settings import UpdaterSettings, parse_replay_since
 from updater.apply import GroupKey, ShardWriter
 from updater.batch import GroupBuffer, split_by_shard
 from updater.errors import ApplyError, ConfigError
 from updater.metrics import UpdaterMetrics
 
-__all__ = ["Updater", "load_models"]
+__all__ = ["Updater", "load_models", "replay_timestamp_ms"]
 
 log = logging.getLogger("embedgate.updater")
 
@@ -81,6 +90,34 @@ def load_models(models: Sequence[EmbeddingModel]) -> dict[str, _Route]:
             )
         routes[m.name] = _Route(m, manifest)
     return routes
+
+
+def replay_timestamp_ms(value: str, models: Sequence[EmbeddingModel], *, now: float | None = None) -> int:
+    """The ``replay_since`` time in ms since the epoch (``now`` defaults to the current time). ``export`` is the
+    oldest, over every model and shard, of the newest PS version directory's mtime (``<model dir>/ps_<i>/<n>/``
+    next to the manifest: when that snapshot was published); ConfigError when a model has none."""
+    seconds = parse_replay_since(value, now=time.time() if now is None else now)
+    if seconds is None:
+        times = []
+        for m in models:
+            model_dir = Path(m.manifest) if Path(m.manifest).is_dir() else Path(m.manifest).parent
+            for shard in range(len(m.shards)):
+                ps_dir = model_dir / f"ps_{shard}"
+                try:
+                    versions = [d for d in ps_dir.iterdir() if d.name.isdigit() and d.is_dir()]
+                except OSError as exc:
+                    raise ConfigError(
+                        f"replay_since {value!r}: model {m.name!r}: cannot list {ps_dir}: {exc}"
+                    ) from exc
+                if not versions:
+                    raise ConfigError(
+                        f"replay_since {value!r}: model {m.name!r}: no PS version directory in {ps_dir}"
+                    )
+                times.append(max(versions, key=lambda d: int(d.name)).stat().st_mtime)
+        if not times:
+            raise ConfigError(f"replay_since {value!r}: no PS shard configured")
+        seconds = min(times)
+    return int(seconds * 1000)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -119,6 +156,13 @@ class Updater:
         self._last_progress = time.monotonic()
         self._last_applied = 0.0
         self._last_end_offsets = 0.0
+        self._replay_ms: int | None = None  # replay_since, until the first assignment was sought there
+        if settings.replay_since is not None:
+            self._replay_ms = replay_timestamp_ms(settings.replay_since, settings.embedding_models)
+            log.info(
+                "replay since %s (%s) on the first assignment", _iso(self._replay_ms), settings.replay_since
+            )
+        self._fatal: KafkaError | None = None
         self.ready = asyncio.Event()
 
     # -- life cycle -------------------------------------------------------------------------------------------
@@ -162,6 +206,8 @@ class Updater:
                 self.ready.set()
                 await self._loop()
                 await self._commit()
+                if self._fatal is not None:
+                    raise self._fatal
             finally:
                 await self._consumer.stop()  # leaves the group
         finally:
@@ -494,7 +540,8 @@ class Updater:
         self._reset_state()
 
     async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
-        """Start every assigned partition at its committed offset, so rows dropped by a rebalance are replayed."""
+        """Start every assigned partition at its committed offset, so rows dropped by a rebalance are replayed;
+        the first non-empty assignment with ``replay_since`` then goes back to that time (:meth:`_replay`)."""
         assert self._consumer is not None
         for tp in assigned:
             try:
@@ -505,6 +552,37 @@ class Updater:
             if committed is not None:
                 self._consumer.seek(tp, committed)
                 self._committed[tp] = committed
+        if self._replay_ms is not None and assigned:
+            await self._replay(assigned, self._replay_ms)
+            self._replay_ms = None  # the first assignment only
+
+    async def _replay(self, assigned: list[TopicPartition], since_ms: int) -> None:
+        """Seek each partition to its first record at/after ``since_ms`` (the end if none), never past its commit."""
+        assert self._consumer is not None
+        try:
+            found = await self._consumer.offsets_for_times({tp: since_ms for tp in assigned})
+            ends = await self._consumer.end_offsets(assigned)
+            committed = {tp: await self._consumer.committed(tp) for tp in assigned}
+        except KafkaError as exc:  # listener errors are only logged by aiokafka: stop run() with it instead
+            log.error("replay since %s: cannot look up offsets: %r; stopping", _iso(since_ms), exc)
+            self._fatal = exc
+            self.stop()
+            return
+        for tp in sorted(assigned):
+            hit = found.get(tp)
+            target = ends[tp] if hit is None else hit.offset
+            was = committed[tp]
+            if was is not None and was < target:
+                target = was  # records after the commit were never applied: never skip them
+            self._consumer.seek(tp, target)
+            log.info(
+                "replay since %s: %s[%d] from offset %s to %d",
+                _iso(since_ms),
+                tp.topic,
+                tp.partition,
+                "none (uncommitted)" if was is None else was,
+                target,
+            )
 
 
 def _unique_records(records: list[Any]) -> list[Any]:
@@ -516,6 +594,10 @@ def _unique_records(records: list[Any]) -> list[Any]:
             seen.add(k)
             out.append(r)
     return out
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _total(counter: Any) -> float:
