@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -225,14 +226,16 @@ async def test_bad_messages_go_to_the_dead_letter_topic(
 
 
 # -- SIGKILL mid-stream ----------------------------------------------------------------------------------------------
-def _spawn_updater(config: dict[str, Any], workdir: Path, tag: str) -> subprocess.Popen[bytes]:
+def _spawn_updater(
+    config: dict[str, Any], workdir: Path, tag: str, extra_args: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
     cfg = workdir / "updater.yaml"
     cfg.write_text(yaml.safe_dump(config))
     log = open(workdir / f"updater-{tag}.log", "wb")  # noqa: SIM115 - closed below, the child keeps its copy
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDGATE_")}
         return subprocess.Popen(
-            [sys.executable, "-m", "embedgate", "updater", "--config", str(cfg)],
+            [sys.executable, "-m", "embedgate", "updater", "--config", str(cfg), *extra_args],
             cwd=_REPO,
             stdin=subprocess.DEVNULL,
             stdout=log,
