@@ -24,9 +24,9 @@ from schemas.config_file import EnvOverFile, read_config
 from schemas.deltas import DEFAULT_TOPIC, HPS_TOPIC_PATTERN
 from schemas.deployment import DeployedModel, EmbeddingModel
 
-__all__ = ["REPLAY_EXPORT", "BatchSettings", "RetrySettings", "UpdaterSettings", "parse_replay_since"]
+__all__ = ["BatchSettings", "RetrySettings", "UpdaterSettings", "parse_replay_since"]
 
-REPLAY_EXPORT = "export"
+_REPLAY_EXPORT = "export"
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 _DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -36,7 +36,7 @@ def parse_replay_since(value: str, *, now: float) -> float | None:
     artifacts). Accepted: an ISO-8601 timestamp (``2026-11-22T04:00:00Z``; without an offset it is UTC) or a
     duration before ``now`` (``90s``, ``15m``, ``2h``, ``1d``). ValueError naming the value otherwise."""
     text = value.strip()
-    if text == REPLAY_EXPORT:
+    if text == _REPLAY_EXPORT:
         return None
     if m := _DURATION_RE.match(text):
         return now - float(m.group(1)) * _DURATION_S[m.group(2)]

@@ -24,10 +24,10 @@ SURFACE = {
         "encode_hps",
         "hps_topic",
     },
-    "schemas.updater_settings": {"BatchSettings", "RetrySettings", "UpdaterSettings"},
+    "schemas.updater_settings": {"BatchSettings", "RetrySettings", "UpdaterSettings", "parse_replay_since"},
     "updater.apply": {"GroupKey", "ShardWriter", "WriteGroup", "tensor_proto"},
     "updater.batch": {"GroupBuffer", "coalesce", "split_by_shard"},
-    "updater.consumer": {"Updater", "load_models"},
+    "updater.consumer": {"Updater", "load_models", "replay_timestamp_ms"},
     "updater.errors": {
         "ApplyError",
         "ApplyRejected",
