@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from gateway.codec.example import parse_example
 from gateway.codec.rapidjson import b64_decode
@@ -57,6 +58,9 @@ _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
 _INT_ONLY: Final = {int}
 _NUMBER_TYPES: Final = {int, float}
+
+# One example's weights: Python numbers from JSON, a float32 array from a tf.Example.
+_Floats = Sequence[float] | npt.NDArray[np.float32]
 
 
 # eq=False: arrays have no truth value, so a generated __eq__ would raise; compare arrays explicitly.
@@ -219,7 +223,7 @@ class _Builder:
         self.ids: dict[str, list[Sequence[int] | None]] = {
             f.name: [None] * size for f in manifest.sparse_features
         }
-        self.weights: dict[str, list[Sequence[float] | None]] = {
+        self.weights: dict[str, list[_Floats | None]] = {
             f.name: [None] * size for f in manifest.sparse_features if f.weights
         }
         self.dense: dict[str, np.ndarray] = {
@@ -303,14 +307,15 @@ class _Builder:
         sparse: dict[str, SparseInput] = {}
         for f in self.manifest.sparse_features:
             per_example = self.ids[f.name]
-            for i, ids in enumerate(per_example):
-                if ids is None:  # every path checks presence first; a guard, not an expected error
+            for i, example_ids in enumerate(per_example):
+                if example_ids is None:  # every path checks presence first; a guard, not an expected error
                     raise InvalidArgument(f"feature {f.name!r} at example {i}: missing")
-            lengths = np.fromiter(map(len, per_example), dtype=np.int64, count=self.size)  # type: ignore[arg-type]
+            present = cast(list[Sequence[int]], per_example)  # no None left: checked just above
+            lengths = np.fromiter(map(len, present), dtype=np.int64, count=self.size)
             row_splits = np.zeros(self.size + 1, dtype=np.int64)
             np.cumsum(lengths, out=row_splits[1:])
             nnz = int(row_splits[-1])
-            flat = itertools.chain.from_iterable(per_example)  # type: ignore[arg-type]
+            flat = itertools.chain.from_iterable(present)
             ids = np.fromiter(flat, dtype=np.int64, count=nnz)
             weights = self._weights(f, lengths, row_splits) if f.weights else None
             sparse[f.name] = SparseInput(ids=ids, row_splits=row_splits, weights=weights)
@@ -374,7 +379,7 @@ def _to_float32(rows: list[list[Any]], name: str, index: list[int]) -> np.ndarra
         return as_double.astype(np.float32)
 
 
-def _beyond_double(values: Sequence[Any]) -> bool:
+def _beyond_double(values: Iterable[Any]) -> bool:
     return any(type(x) is int and abs(x) > _DOUBLE_MAX_INT for x in values)
 
 
@@ -487,7 +492,7 @@ def _example_ids(feature: tfs_pb2.Feature, spec: SparseFeatureSpec, name: str, i
     return ids
 
 
-def _example_floats(feature: tfs_pb2.Feature, name: str, i: int) -> np.ndarray:
+def _example_floats(feature: tfs_pb2.Feature, name: str, i: int) -> npt.NDArray[np.float32]:
     kind = feature.WhichOneof("kind")
     if kind == "float_list":
         return np.array(feature.float_list.value, dtype=np.float32)

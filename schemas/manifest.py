@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION: Final = 1
 
 LOOKUP_SIGNATURE = "lookup"
 ROW_COUNT_SIGNATURE = "row_count"

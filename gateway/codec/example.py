@@ -35,7 +35,8 @@ _FLT_MAX: Final = 3.4028234663852886e38
 def parse_example(data: bytes, index: int) -> tfs_pb2.Example:
     """Parse serialized tf.Example ``data``; ``index`` is the example's position in the request, used in errors."""
     try:
-        return tfs_pb2.Example.FromString(data)
+        example: tfs_pb2.Example = tfs_pb2.Example.FromString(data)
+        return example
     except DecodeError as exc:
         raise InvalidArgument(f"example {index}: the bytes do not parse as a serialized tf.Example") from exc
 

@@ -144,7 +144,8 @@ def signature_name(doc: Mapping[str, Any]) -> str:
 def dtype_name(dtype: int) -> str:
     """``DataTypeString``: ``float``, ``int64``, ``string`` ..."""
     try:
-        return DT.Name(dtype).removeprefix("DT_").lower()
+        name: str = DT.Name(dtype)
+        return name.removeprefix("DT_").lower()
     except ValueError:
         return f"unknown dtype {dtype}"
 

@@ -8,9 +8,10 @@ large float tensors) and strings as ``string_val``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from gateway.errors import Internal, Unimplemented
 from schemas.proto import tfs_pb2
@@ -79,7 +80,7 @@ def to_ndarray(t: tfs_pb2.TensorProto) -> np.ndarray:
         name = DT.Name(t.dtype) if t.dtype in DT.values() else str(t.dtype)
         raise Unimplemented(f"Failed to write JSON value for tensor type: {name.removeprefix('DT_').lower()}")
     if t.dtype == DT.DT_STRING:
-        vals: Any = np.empty(len(t.string_val), dtype=object)
+        vals: np.ndarray = np.empty(len(t.string_val), dtype=object)
         vals[:] = list(t.string_val)
     elif t.tensor_content:
         if len(t.tensor_content) != n * dtype.itemsize:
@@ -92,7 +93,9 @@ def to_ndarray(t: tfs_pb2.TensorProto) -> np.ndarray:
         if t.dtype == DT.DT_HALF:
             vals = np.array(raw, dtype=np.uint16).view(np.float16)
         elif t.dtype in (DT.DT_COMPLEX64, DT.DT_COMPLEX128):
-            parts = np.array(raw, dtype=np.float32 if t.dtype == DT.DT_COMPLEX64 else np.float64)
+            parts: npt.NDArray[np.floating[Any]] = np.array(
+                raw, dtype=np.float32 if t.dtype == DT.DT_COMPLEX64 else np.float64
+            )
             vals = parts[0::2] + 1j * parts[1::2]
             vals = vals.astype(dtype)
         else:
@@ -112,7 +115,8 @@ def from_ndarray(arr: Any, dtype: int | None = None) -> tfs_pb2.TensorProto:
     """Encode an array; ``dtype`` (a DataType) overrides the one implied by the array."""
     a = np.asarray(arr)
     dt = dtype if dtype is not None else dtype_for(a)
-    t = tfs_pb2.TensorProto(dtype=dt)
+    # DataType values are plain ints at runtime; protoc's stub types the field as its enum class.
+    t = tfs_pb2.TensorProto(dtype=cast(tfs_pb2.DataType, dt))
     for d in a.shape:
         t.tensor_shape.dim.add().size = int(d)
     if dt == DT.DT_STRING:

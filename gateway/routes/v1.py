@@ -37,7 +37,7 @@ V1_PATH = re.compile(r"/v1/.*", re.IGNORECASE | re.DOTALL)  # what TF Serving ha
 
 def _raw_path(request: Request) -> str:
     raw = request.scope.get("raw_path")
-    path = raw.decode("latin-1") if raw else request.scope["path"]
+    path: str = raw.decode("latin-1") if raw else request.scope["path"]
     qs = request.scope.get("query_string", b"")
     return path + ("?" + qs.decode("latin-1") if qs else "")
 
