@@ -42,6 +42,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from prometheus_client import Counter
 
 from schemas.deltas import (
     DeltaError,
@@ -600,5 +601,5 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _total(counter: Any) -> float:
+def _total(counter: Counter) -> float:
     return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
