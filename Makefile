@@ -21,9 +21,11 @@ $(STAMP): pyproject.toml
 kafka-jars: install
 	$(PY) -m embedgate kafka fetch
 
+# mypy --strict on schemas, gateway, updater ([tool.mypy] in pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test: install kafka-jars lint
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
