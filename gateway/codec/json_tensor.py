@@ -94,7 +94,9 @@ def loads(data: bytes | str) -> Any:
     """Parse a request body as rapidjson does for TF Serving; the root must be an object.
 
     Integer literals stay ``int`` (any size), literals with ``.``/exponent become ``float``; ``NaN``, ``Inf``,
-    ``Infinity`` (optionally with ``-``) are accepted; bytes after the root value are ignored.
+    ``Infinity`` (optionally with ``-``) are accepted. Like TF Serving's ``ParseStream`` (no
+    ``kParseStopWhenDoneFlag``), anything but whitespace after the root value is an error ("The document root must not
+    be followed by other values."); a NUL byte ends the document, as it ends rapidjson's stream.
     """
     if not data:
         raise InvalidArgument("JSON Parse error: The document is empty")
@@ -123,12 +125,19 @@ def _slow_loads(data: bytes | str) -> Any:
         return v
 
     try:
-        doc, _ = json.JSONDecoder(parse_float=parse_float).raw_decode(fixed, start)
+        doc, end = json.JSONDecoder(parse_float=parse_float).raw_decode(fixed, start)
     except json.JSONDecodeError as exc:
         msg = next((r for p, r in _PY_JSON_ERRORS if exc.msg.startswith(p)), "Invalid value.")
         raise InvalidArgument(f"JSON Parse error: {msg} at offset: {exc.pos}") from None
     except RecursionError:
         raise InvalidArgument("JSON Parse error: document nested too deeply") from None
+    rest = fixed[end:].lstrip(" \t\r\n")
+    if rest and not rest.startswith("\0"):
+        # byte offset of the first value after the root (in the rewritten text when Inf/NaN tokens were rewritten)
+        offset = len(fixed[: len(fixed) - len(rest)].encode("utf-8", errors="replace"))
+        raise InvalidArgument(
+            f"JSON Parse error: The document root must not be followed by other values. at offset: {offset}"
+        )
     return doc
 
 

@@ -35,8 +35,9 @@ def test_loads_keeps_int_vs_float_and_nan_tokens() -> None:
     assert a[9] == 2**64 - 1
 
 
-def test_loads_token_inside_string_untouched_and_trailing_bytes_ignored() -> None:
-    assert jt.loads(b'{"s": "Inf NaN", "x": Inf} trailing') == {"s": "Inf NaN", "x": math.inf}
+def test_loads_token_inside_string_untouched_and_trailing_whitespace_or_nul_ends_the_document() -> None:
+    assert jt.loads(b'{"s": "Inf NaN", "x": Inf} \r\n\t') == {"s": "Inf NaN", "x": math.inf}
+    assert jt.loads(b'{"x": 1} \x00 anything') == {"x": 1}  # rapidjson's stream ends at NUL
 
 
 @pytest.mark.parametrize(
@@ -50,6 +51,14 @@ def test_loads_token_inside_string_untouched_and_trailing_bytes_ignored() -> Non
         (b'{"a": 1e400}', "JSON Parse error: Number too big to be stored in double. at offset: 6"),
         (b'{"a": [NaN, -1e400]}', "JSON Parse error: Number too big to be stored in double. at offset: 12"),
         (b"3", "JSON Value: 3 Is not object"),
+        (
+            b'{"a": 1} {"b": 2}',
+            "JSON Parse error: The document root must not be followed by other values. at offset: 9",
+        ),
+        (
+            b'{"s": "\xc3\xa9"}x',
+            "JSON Parse error: The document root must not be followed by other values. at offset: 11",
+        ),
     ],
 )
 def test_parse_errors(body: bytes, message: str) -> None:

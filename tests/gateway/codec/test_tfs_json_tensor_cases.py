@@ -7,8 +7,9 @@ expected body below is also checked to parse to the document TF's test expects).
 
 Cases that cannot apply as written, and why:
 
-* ``TensorFromNonNullTerminatedBuffer``: a C++ buffer-length detail; the nearest gateway behaviour (bytes after the
-  root object are ignored) is the ``trailing_bytes`` row.
+* ``TensorFromNonNullTerminatedBuffer``: a C++ buffer-length detail (the buffer ends before the trailing ``X``):
+  the ``trailing_bytes_excluded`` row; the same ``X`` inside the body is an error for rapidjson's ``ParseStream``
+  (``kParseErrorDocumentRootNotSingular``), the ``trailing_bytes`` error row.
 * ``SingleUnnamedTensorErrors`` "loss of precision" rows (DBL_MAX or 16777217 for DT_FLOAT, 2^53+1 for DT_DOUBLE):
   that check (``IsLosslessDecimal``) was removed from later TF Serving; its REST guide ("Floating Point Precision")
   documents silent rounding instead, which is what the gateway does (rows ``*_rounds``). The classify/regress
@@ -77,8 +78,8 @@ REQUESTS: list[tuple[str, str, dict[str, int], jt.Format, dict[str, T]]] = [
         {"default": ("int32", (1, 2), [1, 2])},
     ),
     (
-        "trailing_bytes",  # TensorFromNonNullTerminatedBuffer's neighbour: bytes after the root are ignored
-        '{"instances": [[1,2],[3,4],[5,6]]}X',
+        "trailing_bytes_excluded",  # TensorFromNonNullTerminatedBuffer: the body ends before the 'X'
+        '{"instances": [[1,2],[3,4],[5,6]]}',
         {"default": I32},
         ROW,
         {"default": ("int32", (3, 2), [1, 2, 3, 4, 5, 6])},
@@ -211,6 +212,8 @@ ERRORS: list[tuple[str, str, dict[str, int], str]] = [
     ("MultipleNamedTensorErrors/list_then_object",
      '{"instances": [["baz", "bar"], {"str_tensor": ["baz", "bat"]}]}', {"str_tensor": STR},
      "Expecting value/list but got object"),
+    ("TensorFromNonNullTerminatedBuffer/trailing_bytes", '{"instances": [[1,2],[3,4],[5,6]]}X', {"default": I32},
+     "The document root must not be followed by other values. at offset: 34"),
 ]  # fmt: skip
 
 
