@@ -40,9 +40,15 @@ def _at(pos: int, table: str = "t", key: str = K) -> dict[str, dict[str, int]]:
 def test_a_replica_below_the_previous_polls_mark_is_catching_up_until_it_reaches_it() -> None:
     s = ShardPositions(2)
     assert s.observe([_at(100), _at(100)]) == [False, False]  # first poll: sets the marks only
-    assert s.observe([_at(120), {"t": {}}]) == [False, True]  # B restarted from an export without a stream cut
+    assert s.observe([_at(120), {"t": {}}]) == [
+        False,
+        True,
+    ]  # B restarted from an export without a stream cut
     assert s.lag[1] == ("t", K, -1, 100)
-    assert s.observe([_at(130), _at(110)]) == [False, True]  # replaying: still below 120 (the previous poll's)
+    assert s.observe([_at(130), _at(110)]) == [
+        False,
+        True,
+    ]  # replaying: still below 120 (the previous poll's)
     assert s.observe([_at(135), _at(130)]) == [False, False]  # reached the previous poll's mark (130)
     assert s.marks == {("t", K): 135}
 
