@@ -130,10 +130,6 @@ class ReplicaSet:
             raise ValueError(f"{len(flags)} flags for {len(self.clients)} replicas")
         self.catching_up = list(flags)
 
-    def mark_down(self, i: int) -> None:
-        """Replica ``i`` was found UNAVAILABLE outside a call of this set (e.g. by a poll): tried last for a while."""
-        self._down_until[i] = time.monotonic() + self._retry_s
-
     def _order(self) -> list[int]:
         n = len(self.clients)
         start = self._next
@@ -149,7 +145,7 @@ class ReplicaSet:
             try:
                 resp = await self.clients[i].predict(req, deadline)
             except Unavailable as exc:
-                self.mark_down(i)
+                self._down_until[i] = time.monotonic() + self._retry_s
                 last = exc
                 continue
             self._down_until[i] = 0.0

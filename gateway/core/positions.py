@@ -18,8 +18,7 @@ stream cut; -1 values count as none) is compared as -1 with every key the shard'
 behind as soon as any write reached another replica or the replica before its restart. A table that reports some keys
 but not a given one is not compared on that key (e.g. a partition of a topic its export did not cover). Unknown is not
 behind: a replica whose ``stream_position`` call fails in transport (UNAVAILABLE, deadline) keeps what the previous
-poll found (and an UNAVAILABLE one is marked down in its ReplicaSet); one that answers without positions (no such
-signature, any other error) is not catching up.
+poll found; one that answers without positions (no such signature, any other error) is not catching up.
 
 Versions: the poll asks each replica's latest version, the one the updater writes to. Positions are offsets of the
 one stream, compared across versions, so a replica that loaded a new version whose export holds an older stream cut
@@ -168,9 +167,7 @@ class PositionTracker:
         )
         try:
             return parse_positions(await rs.clients[i].stream_position(req, deadline))
-        except _TRANSIENT as exc:
-            if isinstance(exc, Unavailable):
-                rs.mark_down(i)
+        except _TRANSIENT:
             return NoPositions.NO_ANSWER
         except GatewayError as exc:
             log.debug("no stream position", extra={"model": self.model, "served": served, "error": str(exc)})

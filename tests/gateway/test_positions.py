@@ -189,12 +189,6 @@ async def test_replica_set_serves_from_catching_up_replicas_rather_than_fail_and
         await _served_by(rs, 1)
 
 
-async def test_mark_down_puts_a_replica_last() -> None:
-    rs = _set(_Replica("a"), _Replica("b"))
-    rs.mark_down(0)
-    assert await _served_by(rs, 2) == ["b", "b"]
-
-
 # ---- PositionTracker: polls, flags, the gauge ----------------------------------------------------------------------
 
 
@@ -223,7 +217,7 @@ async def test_tracker_flags_replicas_and_reports_counts_per_shard() -> None:
     assert seen[-2:] == [("m", 0, 0), ("m", 1, 0)]
 
 
-async def test_tracker_failed_polls_unavailable_keeps_flags_and_marks_down_other_errors_clear() -> None:
+async def test_tracker_transport_failures_keep_flags_other_errors_clear_them() -> None:
     a, b = _Replica("a", _at(10)), _Replica("b", _at(10))
     rs = _set(a, b)
     tracker = PositionTracker("m", [("m_ps_0", rs)])

@@ -136,8 +136,8 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
     }
     body = json.dumps({"instances": demo_artifacts.instances})
     grpc_port = free_port()
-    # replica_retry_s 0: a replica a poll found down is not read last afterwards, so only the catching-up flags
-    # keep reads off a restarted replica (checked: without them this test fails)
+    # replica_retry_s 0: only the catching-up flags decide which replica is read first (checked: without them, this
+    # test fails)
 
     with contextlib.ExitStack() as stack:
         servers = {}
