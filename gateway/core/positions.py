@@ -81,13 +81,13 @@ Report = Positions | NoPositions
 
 def _behind(report: Positions, marks: Mapping[tuple[str, str], int]) -> tuple[str, str, int, int] | None:
     """The first (table, key, position, mark) where ``report`` is below ``marks``; None when it is not."""
+    known = {t: {k: v for k, v in keys.items() if v >= 0} for t, keys in report.items()}
     for (table, key), mark in marks.items():
-        if table not in report:
+        if table not in known:
             continue  # the table is not in this replica's version: nothing to compare
-        known = {k: v for k, v in report[table].items() if v >= 0}
-        if known and key not in known:
-            continue
-        pos = known.get(key, -1)
+        if known[table] and key not in known[table]:
+            continue  # it reports other partitions, not this one: unknown
+        pos = known[table].get(key, -1)
         if pos < mark:
             return table, key, pos, mark
     return None

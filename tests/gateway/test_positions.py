@@ -275,3 +275,22 @@ def test_position_poll_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         GatewaySettings(models=models, grpc={"position_poll_s": -1})
     monkeypatch.setenv("EMBEDGATE_GRPC__POSITION_POLL_S", "0.25")
     assert GatewaySettings(models=models).grpc.position_poll_s == 0.25
+
+
+def test_an_answer_with_two_reasons_is_counted_once_under_each() -> None:
+    from gateway.lifespan import InFlightLimiter, Runtime
+    from gateway.metrics import Metrics
+
+    settings = GatewaySettings(models=[{"kind": "passthrough", "name": "m", "target": "127.0.0.1:1"}])
+    rt = Runtime(settings, {}, Metrics(), InFlightLimiter(2, 429, 1), model_names=frozenset({"m"}))
+    with rt.track() as call:
+        call.model, call.degraded = "m", join_reasons("version_fallback", DEGRADED_REPLICA_CATCHING_UP)
+    with rt.track() as call:
+        call.model, call.degraded = "m", DEGRADED_REPLICA_CATCHING_UP
+
+    def count(reason: str) -> float:
+        labels = {"model": "m", "reason": reason}
+        return rt.metrics.registry.get_sample_value("embedgate_degraded_responses_total", labels) or 0.0
+
+    assert (count("version_fallback"), count("replica_catching_up")) == (1, 2)
+    assert count("version_fallback,replica_catching_up") == 0
