@@ -209,6 +209,9 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
             for _ in range(3):
                 preds, mark = await predict()
                 assert (which(preds), mark) == ("old", "replica_catching_up")
+            r = await gw.post(f"/v1/models/{MODEL}/versions/{manifest.version}:predict", content=body)
+            assert r.status_code == 200, r.text  # an explicit version is marked the same way
+            assert r.headers.get("X-Embedgate-Degraded") == "replica_catching_up"
             async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
                 stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
                 call = stub.Predict(_predict_request(MODEL, _tensors(demo_artifacts.instances, manifest)))
@@ -219,7 +222,7 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
             assert which(got) == "old"
             ready = (await gw.get("/readyz")).json()
             assert ready["status"] == "ready", ready  # catching up never makes the gateway unready
-            assert await marked() == 4
+            assert await marked() == 5
 
             # ---- the rows and positions are written again (as the updater's replay does): the marks disappear
             await asyncio.to_thread(write_all, [a, b], 100)
@@ -227,4 +230,4 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
             for _ in range(4):
                 preds, mark = await predict()
                 assert (which(preds), mark) == ("new", None)
-            assert await marked() == 4
+            assert await marked() == 5
