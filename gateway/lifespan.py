@@ -1,5 +1,6 @@
 """Resources of one app, opened in the lifespan: gRPC channels (one per target), clients, servables, the parse threads
-and processes, and the gRPC front (when ``grpc_port`` is set); the limiter, the buffered-bytes budget and the
+and processes, the manifest watcher and the PS stream-position poller (``grpc.position_poll_s``), and the gRPC front
+(when ``grpc_port`` is set); the limiter, the buffered-bytes budget and the
 authenticator are built with the app. ``Runtime.track`` is the per-request accounting both fronts use."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gateway.backends.channels import channel_credentials, open_channel
 from gateway.backends.client import BackendClient, ReplicaSet
 from gateway.core import EmbeddingServable, Gateway, MetadataCache, PassthroughServable, Servable
 from gateway.core.manifests import ManifestStore, manifest_file
+from gateway.core.positions import PositionTracker
 from gateway.errors import GatewayError, ResourceExhausted, Unavailable
 from gateway.limits import BufferedBytes, ParsePool
 from gateway.metrics import Metrics
@@ -66,7 +68,7 @@ class Call:
     api: str = "other"  # predict / classify / regress / status / metadata / other
     version: str = ""  # the version that answered ("" when unknown)
     degraded: str | None = (
-        None  # the reason when the answer is marked degraded (counted when the outcome is OK)
+        None  # why the answer is marked degraded: reasons, comma-separated (each counted when the outcome is OK)
     )
     admitted: bool = False  # holds a max_in_flight slot
     _limiter: InFlightLimiter | None = field(default=None, repr=False)
@@ -105,6 +107,9 @@ class Runtime:
     executor: ThreadPoolExecutor | None = None  # parse threads for large bodies (open while the app runs)
     procs: ParsePool | None = None  # parse worker processes for large bodies (limits.parse_processes > 0)
     stream: DeltaStream | None = None  # the hot-row cache's delta stream (cache.max_bytes > 0)
+    positions: dict[str, PositionTracker] = field(
+        default_factory=dict
+    )  # per embedding model, while the app runs with grpc.position_poll_s > 0
 
     @contextmanager
     def track(self, *, admit: bool = True) -> Iterator[Call]:
@@ -137,7 +142,8 @@ class Runtime:
             label = call.model if call.model in self.model_names else "_other"
             self.metrics.requests.labels(label, call.version, call.api, outcome).inc()
             if call.degraded is not None and outcome == "OK":
-                self.metrics.degraded.labels(label, call.degraded).inc()
+                for reason in call.degraded.split(","):
+                    self.metrics.degraded.labels(label, reason).inc()
             self.metrics.latency.labels(label, call.api).observe(time.perf_counter() - start)
 
 
@@ -173,6 +179,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             )
             stores.append(store)
             servables[m.name] = EmbeddingServable(m, store, client(m.entry), shards, cache)
+            if s.grpc.position_poll_s > 0:
+                rt.positions[m.name] = PositionTracker(
+                    m.name,
+                    [(m.served_ps_name(i), rs) for i, rs in enumerate(shards)],
+                    rt.metrics.observe_catching_up,
+                )
         else:
             servables[m.name] = PassthroughServable(m, client(m.target), cache)
     rt.gateway = Gateway(servables)
@@ -185,6 +197,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     watcher = (
         asyncio.create_task(_watch_manifests(stores, s.manifest_poll_s), name="manifest-watcher")
         if stores and s.manifest_poll_s > 0
+        else None
+    )
+    poller = (
+        asyncio.create_task(
+            _watch_positions(list(rt.positions.values()), s.grpc.position_poll_s), name="position-poller"
+        )
+        if rt.positions
         else None
     )
     try:
@@ -204,10 +223,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         )
         yield
     finally:
-        if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+        for task in (watcher, poller):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        rt.positions.clear()
         if front is not None:
             await front.stop()
             rt.grpc_port = 0
@@ -276,3 +297,23 @@ async def _watch_manifests(stores: list[ManifestStore], every_s: float) -> None:
                 store.poll()
             except Exception:  # never let one bad poll stop the watcher
                 log.exception("manifest poll failed", extra={"model": store.model})
+
+
+_POSITION_TIMEOUT_S = 5.0
+
+
+async def _watch_positions(trackers: list[PositionTracker], every_s: float) -> None:
+    """At once, then ``every_s`` seconds after each poll ended: every PS replica's stream position (until cancelled).
+
+    Each poll waits at most ``max(every_s, 1)`` seconds (5 at most) for the replicas; an unexpected error is logged
+    and the polls go on (the flags then stay as the last poll set them)."""
+    timeout = min(max(every_s, 1.0), _POSITION_TIMEOUT_S)
+    while True:
+        deadline = time.monotonic() + timeout
+        results = await asyncio.gather(*(t.poll(deadline) for t in trackers), return_exceptions=True)
+        for tracker, result in zip(trackers, results, strict=True):
+            if isinstance(result, Exception):  # never let one bad poll stop the poller
+                log.error("stream position poll failed", extra={"model": tracker.model}, exc_info=result)
+            elif isinstance(result, BaseException):
+                raise result
+        await asyncio.sleep(every_s)

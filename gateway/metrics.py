@@ -88,6 +88,17 @@ class Metrics:
             registry=r,
         )
 
+        self.replicas_catching_up = Gauge(
+            "embedgate_replicas_catching_up",
+            "PS replicas whose stream position is behind another's (read last), by model and shard",
+            ["model", "shard"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+
+    def observe_catching_up(self, model: str, shard: int, replicas: int) -> None:
+        self.replicas_catching_up.labels(model, str(shard)).set(replicas)
+
     def observe_manifest_reload(self, model: str, outcome: str) -> None:
         self.manifest_reloads.labels(model, outcome).inc()
 

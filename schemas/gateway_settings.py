@@ -48,6 +48,12 @@ class GrpcSettings(_Strict):
     replica_retry_s: float = Field(
         5.0, ge=0, description="a PS replica that answered UNAVAILABLE is skipped for this long"
     )
+    position_poll_s: float = Field(
+        1.0,
+        ge=0,
+        description="how often every PS replica's stream_position is read; a replica behind the others is read "
+        "last (0 = never)",
+    )
 
 
 class LogSettings(_Strict):

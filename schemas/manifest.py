@@ -38,7 +38,8 @@ occurrence. Deleting an absent id records the tombstone. ``stream_partitions[i]`
 ``stream_offsets[i]`` = the next Kafka offset after the messages this call completes: the table's position moves
 there (never back), but only if it is >= ``stream_expected[i]`` (the writer has written everything from there, so no
 gap is skipped); ``stream_previous[i]`` answers the position stored before the call (-1: none); ``k`` may be 0. ``stream_position`` reports every table's positions (the export's stream cut,
-then moved by writes); the gateway reads ``lookup`` only.
+then moved by writes); the gateway reads ``lookup`` and polls ``stream_position`` (it reads replicas behind
+the others last).
 
 Served model names (placement, gateway defaults): ``<model>_entry`` and ``<model>_ps_<i>``.
 """

@@ -33,6 +33,8 @@ _METHODS: dict[str, tuple[str, Any, Any]] = {
         tfs_pb2.GetModelStatusRequest,
         tfs_pb2.GetModelStatusResponse,
     ),
+    # a Predict on a PS's ``stream_position`` signature; its own name in the backend call metrics (polls, not reads)
+    "StreamPosition": (_PS + "Predict", tfs_pb2.PredictRequest, tfs_pb2.PredictResponse),
 }
 
 
@@ -94,12 +96,22 @@ class BackendClient:
     ) -> tfs_pb2.GetModelStatusResponse:
         return await self._call("GetModelStatus", req, deadline)  # type: ignore[no-any-return]
 
+    async def stream_position(self, req: tfs_pb2.PredictRequest, deadline: float) -> tfs_pb2.PredictResponse:
+        """``Predict`` of a PS ``stream_position`` request, observed as method ``StreamPosition``."""
+        return await self._call("StreamPosition", req, deadline)  # type: ignore[no-any-return]
+
 
 class ReplicaSet:
-    """Replicas serving the same PS servable: calls go to a healthy one, round robin; UNAVAILABLE fails over.
+    """Replicas serving the same PS servable: calls go to a healthy, caught-up one, round robin; UNAVAILABLE fails
+    over.
 
-    A replica that answered UNAVAILABLE is tried last for ``retry_s`` seconds. The error of the last replica tried is
-    raised when every replica fails.
+    A replica that answered UNAVAILABLE is tried last for ``retry_s`` seconds. ``catching_up[i]`` (set by
+    :class:`gateway.core.positions.PositionTracker` from the stream positions the replicas report) says replica ``i``
+    lacks rows the others have: it is tried after every caught-up replica. The order is: reachable and caught up,
+    reachable and catching up, then the replicas marked down (caught up first); round robin within each group. A
+    call is never refused because replicas are catching up. ``stale_reads`` counts the calls answered by a replica
+    marked catching up (only ever grows). The error of the last replica tried is raised when every replica fails.
+    Task-safe within one event loop.
     """
 
     def __init__(self, clients: list[BackendClient], retry_s: float = 5.0) -> None:
@@ -109,6 +121,14 @@ class ReplicaSet:
         self._retry_s = retry_s
         self._down_until = [0.0] * len(clients)
         self._next = 0
+        self.catching_up = [False] * len(clients)
+        self.stale_reads = 0
+
+    def set_catching_up(self, flags: list[bool]) -> None:
+        """Which replicas are catching up (one flag per client, in order)."""
+        if len(flags) != len(self.clients):
+            raise ValueError(f"{len(flags)} flags for {len(self.clients)} replicas")
+        self.catching_up = list(flags)
 
     def _order(self) -> list[int]:
         n = len(self.clients)
@@ -116,7 +136,8 @@ class ReplicaSet:
         self._next = (self._next + 1) % n
         idx = [(start + i) % n for i in range(n)]
         now = time.monotonic()
-        return [i for i in idx if self._down_until[i] <= now] + [i for i in idx if self._down_until[i] > now]
+        behind = self.catching_up
+        return sorted(idx, key=lambda i: (self._down_until[i] > now, behind[i]))  # stable: round robin kept
 
     async def predict(self, req: tfs_pb2.PredictRequest, deadline: float) -> tfs_pb2.PredictResponse:
         last: Unavailable | None = None
@@ -128,6 +149,8 @@ class ReplicaSet:
                 last = exc
                 continue
             self._down_until[i] = 0.0
+            if self.catching_up[i]:
+                self.stale_reads += 1
             return resp
         assert last is not None
         raise last

@@ -3,7 +3,8 @@
 Modules: ``requests`` (typed requests/results, the ``Inputs`` protocol), ``gateway`` (resolution, the one dispatcher,
 error renaming), ``servable`` (the servable interface, PS signature hiding), ``passthrough`` and ``embedding`` (the
 two kinds of servable), ``metadata`` (signature cache), ``modelspec`` (backend ModelSpecs), ``versions`` (the one
-model version an embedding request is served at), ``manifests`` (an embedding model's manifests per version).
+model version an embedding request is served at), ``manifests`` (an embedding model's manifests per version),
+``positions`` (which PS replicas are catching up with the stream).
 """
 
 from gateway.core.embedding import EmbeddingServable

@@ -16,6 +16,7 @@ from gateway.codec.tensor import from_ndarray, to_ndarray
 from gateway.core.manifests import ManifestStore
 from gateway.core.metadata import MetadataCache
 from gateway.core.modelspec import answered_version, model_spec
+from gateway.core.positions import mark_stale, stale_reads
 from gateway.core.requests import (
     ClassifyResult,
     Inputs,
@@ -172,14 +173,17 @@ class EmbeddingServable(Servable):
     ) -> _Served:
         """Parse with the manifest of the version the request is served at and :meth:`run` at that one version.
 
-        ``spec`` with a version or label: as asked, never degraded. "Latest": at the pinned version; when a backend
-        answers NOT_FOUND for it, re-pinned once (see :class:`~gateway.core.versions.VersionPinner`) and run again.
+        ``spec`` with a version or label: as asked. "Latest": at the pinned version; when a backend answers
+        NOT_FOUND for it, re-pinned once (see :class:`~gateway.core.versions.VersionPinner`) and run again. Either
+        is marked ``replica_catching_up`` too when a PS replica catching up answered a lookup meanwhile
+        (:func:`~gateway.core.positions.mark_stale`).
         """
+        stale = stale_reads(self.shards)
         if spec != VersionSpec():
             manifest = self.manifests.for_version(spec.version)
             batch = await offload(parse, manifest)
             outputs, answered = await self.run(batch, spec, deadline, manifest)
-            return _Served(outputs, answered, batch, None)
+            return _Served(outputs, answered, batch, mark_stale(None, self.shards, stale))
         pin = await self.pins.current(deadline)
         batches: dict[
             int, FeatureBatch
@@ -196,7 +200,7 @@ class EmbeddingServable(Servable):
                     raise
                 pin = await self.pins.after_not_found(pin, deadline)
                 continue
-            return _Served(outputs, answered, batch, pin.degraded)
+            return _Served(outputs, answered, batch, mark_stale(pin.degraded, self.shards, stale))
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def predict(

@@ -40,6 +40,8 @@ async def _ready(rt: RuntimeDep, details: bool) -> Response:
         doc["models"] = (
             models if on_ops_port else {k: public_message(v, rt.targets) for k, v in models.items()}
         )
+        if rt.positions:  # PS replicas catching up, per model and shard (never makes the gateway unready)
+            doc["replicas"] = {name: tracker.status() for name, tracker in rt.positions.items()}
         if rt.stream is not None:  # the hot-row cache: serving or why not (never makes the gateway unready)
             doc["cache"] = {"stream_lag_s": round(rt.stream.lag_s, 3), **rt.stream.status()}
     return Response(json.dumps(doc).encode(), status_code=200 if ok else 503, media_type="application/json")

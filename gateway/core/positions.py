@@ -1,0 +1,238 @@
+"""Which PS replicas are catching up with the Kafka stream, from the ``stream_position`` each one reports.
+
+Every PS table reports, per ``"<topic>:<partition>"`` key, the next Kafka offset it has not applied (its *position*;
+see :mod:`schemas.manifest`). A replica that restarted, or loaded a new version, serves its snapshot: its positions go
+back until the updater has replayed it. :class:`PositionTracker` asks every replica of an embedding model's shards
+for its ``stream_position`` every ``grpc.position_poll_s`` seconds; per shard a :class:`ShardPositions` keeps the
+**high-water mark** of each (table, key): the highest position any replica of the shard has reported since the
+gateway started (never lowered, so a shard's only replica that restarts is noticed too). A replica is **catching up**
+while one of its positions is below the high-water mark of the *previous* poll (the updater writes the replicas of a
+shard one after the other within milliseconds: a replica is never judged against a position reached during the same
+poll), and caught up again once every position reaches it. The flags go to the shard's
+:class:`~gateway.backends.client.ReplicaSet`, which reads from caught-up replicas first and counts the reads a
+catching-up replica answered (``stale_reads``); :func:`mark_stale` turns those into the degraded reason
+``replica_catching_up`` of an answer.
+
+What counts as a position: offsets >= 0. A table that reports no position at all (a restart from an export without a
+stream cut; -1 values count as none) is compared as -1 with every key the shard's high-water mark has for it, so it is
+behind as soon as any write reached another replica or the replica before its restart. A table that reports some keys
+but not a given one is not compared on that key (e.g. a partition of a topic its export did not cover). Unknown is not
+behind: a replica whose ``stream_position`` call fails in transport (UNAVAILABLE, deadline) keeps what the previous
+poll found; one that answers without positions (no such signature, any other error) is not catching up.
+
+Versions: the poll asks each replica's latest version, the one the updater writes to. Positions are offsets of the
+one stream, compared across versions, so a replica that loaded a new version whose export holds an older stream cut
+(or none) is catching up until replayed. Requests pinned to another version are routed by the same flags.
+
+What a gateway cannot see: before its second poll nothing is known (the first one only sets the marks); a gateway
+started after a regression sees it only if another replica of the shard is ahead; when every replica of a shard
+regressed before the gateway started (or all loaded the same older export) there is no mark to compare with. A
+replica that comes back within one poll interval of going down may answer from its snapshot until the next poll.
+Marks are never forgotten while the gateway runs (a topic recreated with lower offsets needs a gateway restart).
+Task-safe within one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+from gateway.backends.client import ReplicaSet
+from gateway.codec.tensor import to_ndarray
+from gateway.errors import Cancelled, DeadlineExceeded, GatewayError, ResourceExhausted, Unavailable
+from schemas.manifest import STREAM_POSITION_SIGNATURE
+from schemas.proto import tfs_pb2
+
+__all__ = [
+    "DEGRADED_REPLICA_CATCHING_UP",
+    "NoPositions",
+    "PositionTracker",
+    "Positions",
+    "ShardPositions",
+    "join_reasons",
+    "mark_stale",
+    "parse_positions",
+    "stale_reads",
+]
+
+log = logging.getLogger("embedgate.gateway.positions")
+
+DEGRADED_REPLICA_CATCHING_UP = "replica_catching_up"
+"""Degraded reason: a PS lookup of the answer was served by a replica catching up (no caught-up replica could)."""
+
+Positions = Mapping[str, Mapping[str, int]]
+"""One replica's ``stream_position``: table -> ``"<topic>:<partition>"`` -> next offset not applied."""
+
+_PARTITIONS_SUFFIX = "_stream_partitions"
+_OFFSETS_SUFFIX = "_stream_offsets"
+
+
+class NoPositions(enum.Enum):
+    """A poll of one replica that gave no positions."""
+
+    NO_ANSWER = "no_answer"  # the call failed in transport: what the previous poll found stays
+    UNKNOWN = "unknown"  # answered without positions (no signature, other errors): not a sign of being behind
+
+
+Report = Positions | NoPositions
+
+
+def _behind(report: Positions, marks: Mapping[tuple[str, str], int]) -> tuple[str, str, int, int] | None:
+    """The first (table, key, position, mark) where ``report`` is below ``marks``; None when it is not."""
+    known = {t: {k: v for k, v in keys.items() if v >= 0} for t, keys in report.items()}
+    for (table, key), mark in marks.items():
+        if table not in known:
+            continue  # the table is not in this replica's version: nothing to compare
+        if known[table] and key not in known[table]:
+            continue  # it reports other partitions, not this one: unknown
+        pos = known[table].get(key, -1)
+        if pos < mark:
+            return table, key, pos, mark
+    return None
+
+
+class ShardPositions:
+    """The high-water marks of one shard and which of its ``replicas`` are catching up (pure, no I/O)."""
+
+    def __init__(self, replicas: int) -> None:
+        if replicas < 1:
+            raise ValueError("a shard has at least one replica")
+        self.marks: dict[tuple[str, str], int] = {}  # (table, key) -> highest position reported so far
+        self.catching_up = [False] * replicas
+        self.lag: list[tuple[str, str, int, int] | None] = [None] * replicas  # why each replica is behind
+
+    def observe(self, reports: Sequence[Report]) -> list[bool]:
+        """One poll: ``reports[i]`` from replica ``i``. Returns (and keeps) the catching-up flag of each replica."""
+        if len(reports) != len(self.catching_up):
+            raise ValueError(f"{len(reports)} reports for {len(self.catching_up)} replicas")
+        previous = dict(self.marks)
+        for i, report in enumerate(reports):
+            if report is NoPositions.NO_ANSWER:
+                continue
+            self.lag[i] = None if report is NoPositions.UNKNOWN else _behind(report, previous)
+            self.catching_up[i] = self.lag[i] is not None
+        for report in reports:
+            if isinstance(report, NoPositions):
+                continue
+            for table, keys in report.items():
+                for key, pos in keys.items():
+                    if pos > self.marks.get((table, key), -1):
+                        self.marks[(table, key)] = pos
+        return list(self.catching_up)
+
+
+def parse_positions(resp: tfs_pb2.PredictResponse) -> dict[str, dict[str, int]]:
+    """``{table: {key: offset}}`` from a ``stream_position`` answer (``<t>_stream_partitions``/``_offsets``)."""
+    out: dict[str, dict[str, int]] = {}
+    for name, tensor in resp.outputs.items():
+        if not name.endswith(_PARTITIONS_SUFFIX):
+            continue
+        table = name[: -len(_PARTITIONS_SUFFIX)]
+        offsets = resp.outputs.get(table + _OFFSETS_SUFFIX)
+        if offsets is None:
+            continue
+        keys = [
+            k.decode(errors="replace") if isinstance(k, bytes) else str(k) for k in to_ndarray(tensor).ravel()
+        ]
+        values = [int(v) for v in to_ndarray(offsets).ravel()]
+        out[table] = dict(zip(keys, values, strict=False))
+    return out
+
+
+_TRANSIENT = (Unavailable, DeadlineExceeded, ResourceExhausted, Cancelled)
+
+
+class PositionTracker:
+    """Polls ``stream_position`` on every replica of one embedding model's shards (``shards[i]`` = (served PS name,
+    replica set)) and sets each set's catching-up flags; ``observe(model, shard, n)`` is told how many replicas of
+    each shard are catching up after every poll."""
+
+    def __init__(
+        self,
+        model: str,
+        shards: Sequence[tuple[str, ReplicaSet]],
+        observe: Callable[[str, int, int], None] | None = None,
+    ) -> None:
+        self.model = model
+        self._shards = list(shards)
+        self._observe = observe
+        self.state = [ShardPositions(len(rs.clients)) for _, rs in self._shards]
+        self.polls = 0  # completed polls
+
+    async def _report(self, rs: ReplicaSet, i: int, served: str, deadline: float) -> Report:
+        req = tfs_pb2.PredictRequest(
+            model_spec=tfs_pb2.ModelSpec(name=served, signature_name=STREAM_POSITION_SIGNATURE)
+        )
+        try:
+            return parse_positions(await rs.clients[i].stream_position(req, deadline))
+        except _TRANSIENT:
+            return NoPositions.NO_ANSWER
+        except GatewayError as exc:
+            log.debug("no stream position", extra={"model": self.model, "served": served, "error": str(exc)})
+            return NoPositions.UNKNOWN
+
+    async def poll(self, deadline: float) -> None:
+        """Ask every replica at once (each call bounded by ``deadline``), then update flags, marks and the gauge."""
+        calls = [
+            [self._report(rs, i, served, deadline) for i in range(len(rs.clients))]
+            for served, rs in self._shards
+        ]
+        flat = await asyncio.gather(*(c for shard in calls for c in shard))
+        at = 0
+        for shard, ((_, rs), state) in enumerate(zip(self._shards, self.state, strict=True)):
+            n = len(rs.clients)
+            before = list(state.catching_up)
+            flags = state.observe(flat[at : at + n])
+            at += n
+            rs.set_catching_up(flags)
+            for i, (was, now) in enumerate(zip(before, flags, strict=True)):
+                if now and not was:
+                    table, key, pos, mark = state.lag[i] or ("", "", -1, -1)
+                    log.warning(
+                        "PS replica catching up: lookups go to caught-up replicas while there is one",
+                        extra={
+                            "model": self.model,
+                            "shard": shard,
+                            "target": rs.clients[i].target,
+                            "table": table,
+                            "partition": key,
+                            "position": pos,
+                            "high_water_mark": mark,
+                        },
+                    )
+                elif was and not now:
+                    log.info(
+                        "PS replica caught up",
+                        extra={"model": self.model, "shard": shard, "target": rs.clients[i].target},
+                    )
+            if self._observe is not None:
+                self._observe(self.model, shard, sum(flags))
+        self.polls += 1
+
+    def status(self) -> dict[str, dict[str, int]]:
+        """Per shard (``"0"``, ``"1"``, ...): replicas and how many are catching up (no addresses)."""
+        return {
+            str(shard): {"replicas": len(state.catching_up), "catching_up": sum(state.catching_up)}
+            for shard, state in enumerate(self.state)
+        }
+
+
+def stale_reads(shards: Sequence[ReplicaSet]) -> int:
+    """The reads answered by a catching-up replica so far, over ``shards`` (compare before and after a request)."""
+    return sum(rs.stale_reads for rs in shards)
+
+
+def join_reasons(*reasons: str | None) -> str | None:
+    """The degraded reasons that apply, comma-separated in the given order; None when none does."""
+    got = [r for r in reasons if r]
+    return ",".join(got) if got else None
+
+
+def mark_stale(reason: str | None, shards: Sequence[ReplicaSet], before: int) -> str | None:
+    """``reason`` plus ``replica_catching_up`` when a catching-up replica answered a read since ``stale_reads`` was
+    ``before`` (a concurrent request's such read marks this one too: never unmarked, at worst marked once more)."""
+    if stale_reads(shards) == before:
+        return reason
+    return join_reasons(reason, DEGRADED_REPLICA_CATCHING_UP)
