@@ -61,6 +61,7 @@ SURFACE = {
         "connect_failures",
         "security_from_args",
     },
+    "updater.membership": {"GroupMember", "check_group", "foreign_members", "subscribed_topics"},
     "updater.resume": {
         "concerned_replicas",
         "replica_start_offsets",
