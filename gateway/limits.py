@@ -25,12 +25,17 @@ The pool and the limits reach the codec calls of one request through a context v
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import ctypes
 import ctypes.util
 import functools
 import multiprocessing
+import os
 import re
+import select
+import signal
+import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -120,6 +125,9 @@ class ParsePool:
     Functions and arguments must be picklable, and so must their results and exceptions: a GatewayError raised in a
     worker is re-raised here unchanged (same class, same message). A worker that dies (e.g. killed for memory) fails
     its request with 503 and the pool is replaced for the next ones.
+
+    The workers die with the process that made the pool, however it ends (SIGKILL, a crash): each one watches it
+    (:func:`_die_with`), and the forkserver exits by itself when its last client is gone, so nothing is orphaned.
     """
 
     def __init__(self, workers: int, preload: tuple[str, ...] = ("gateway.routes.rest_codec",)) -> None:
@@ -130,7 +138,9 @@ class ParsePool:
         self._pool = self._new()
 
     def _new(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self.workers, mp_context=self._ctx)
+        return ProcessPoolExecutor(
+            self.workers, mp_context=self._ctx, initializer=_die_with, initargs=(os.getpid(),)
+        )
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         with self._lock:
@@ -171,6 +181,45 @@ def _in_worker(fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
     finally:
         release_memory(max((len(a) for a in args if isinstance(a, bytes)), default=0))
+
+
+_PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
+
+
+def _die_with(owner: int) -> None:
+    """Parse worker initializer: exit as soon as process ``owner`` (the gateway process that made the pool) is gone.
+
+    On Linux the worker's parent (the forkserver) is also made to SIGKILL it when it exits (``PR_SET_PDEATHSIG``);
+    and a daemon thread waits on a pidfd of ``owner`` (readable once it terminated; no pid-reuse race), else polls
+    it every second, then ends the worker with ``os._exit``. Without this a SIGKILLed gateway leaves its workers
+    blocked on the call queue forever (they hold its write end themselves, so they never read EOF)."""
+    if sys.platform == "linux":
+        name = ctypes.util.find_library("c")
+        if name is not None:
+            with contextlib.suppress(OSError, AttributeError):
+                ctypes.CDLL(name, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    fd: int | None = None
+    try:
+        fd = os.pidfd_open(owner)
+    except ProcessLookupError:
+        os._exit(0)  # the owner is already gone
+    except (OSError, AttributeError):  # no pidfd (old kernel, not Linux): poll the pid
+        fd = None
+    threading.Thread(target=_watch_owner, args=(owner, fd), name="embedgate-owner-watch", daemon=True).start()
+
+
+def _watch_owner(owner: int, fd: int | None) -> None:
+    if fd is not None:
+        select.select([fd], [], [])  # a pidfd becomes readable when its process terminates
+        os._exit(0)
+    while True:
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:  # the pid was reused by another user's process: the owner is gone
+            os._exit(0)
+        threading.Event().wait(1.0)
 
 
 def _worker_died() -> Unavailable:

@@ -38,8 +38,8 @@ occurrence. Deleting an absent id records the tombstone. ``stream_partitions[i]`
 ``stream_offsets[i]`` = the next Kafka offset after the messages this call completes: the table's position moves
 there (never back), but only if it is >= ``stream_expected[i]`` (the writer has written everything from there, so no
 gap is skipped); ``stream_previous[i]`` answers the position stored before the call (-1: none); ``k`` may be 0. ``stream_position`` reports every table's positions (the export's stream cut,
-then moved by writes); the gateway reads ``lookup`` and polls ``stream_position`` (it reads replicas behind
-the others last).
+then moved by writes; ``Manifest.stream_cut`` records that cut); the gateway reads ``lookup`` and polls
+``stream_position`` (it reads replicas behind the others last).
 
 Served model names (placement, gateway defaults): ``<model>_entry`` and ``<model>_ps_<i>``.
 """
@@ -212,9 +212,19 @@ class Manifest(_Strict):
     dense_features: list[DenseFeatureSpec] = Field(default_factory=list)
     partition: PartitionSpec
     entry: EntrySpec
+    stream_cut: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict,
+        description='the Kafka stream cut the PS tables of this version contain: "<topic>:<partition>" -> next '
+        "offset (every row published before it is in the snapshot; each PS table starts at this position); "
+        "empty = none recorded (replicas start without a position)",
+    )
 
     @model_validator(mode="after")
     def _check_references(self) -> Manifest:
+        for key in self.stream_cut:
+            topic, sep, part = key.rpartition(":")
+            if not sep or not topic or not part.isdigit():
+                raise ValueError(f'stream_cut: key {key!r} is not "<topic>:<partition>"')
         tables = [t.name for t in self.tables]
         if dup := _first_duplicate(tables):
             raise ValueError(f"table {dup!r} is declared twice")

@@ -4,7 +4,9 @@ Modules: :mod:`updater.consumer` (the ``embedgate updater`` loop), :mod:`updater
 :mod:`updater.batch` (shard split + newest-wins coalescing), :mod:`updater.ledger` (safe commit offsets),
 :mod:`updater.scheduler` (retry backoff), :mod:`updater.replicas` (replica stream positions),
 :mod:`updater.catchup` (replaying one replica that fell behind), :mod:`updater.producer` (trainer-side publisher),
-:mod:`updater.errors` (gRPC and Kafka error tables), :mod:`updater.metrics`, :mod:`updater.cli`. Nothing is imported here, so ``embedgate``'s
+:mod:`updater.errors` (gRPC and Kafka error tables), :mod:`updater.resume` (where a never-committed partition
+starts), :mod:`updater.membership` (refusing a group in use by another model list), :mod:`updater.metrics`,
+:mod:`updater.cli`. Nothing is imported here, so ``embedgate``'s
 command parser stays light.
 """
 

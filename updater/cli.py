@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from updater.kafka_security import add_security_arguments, security_from_args
+
 __all__ = ["register"]
 
 
@@ -61,31 +63,7 @@ def register(subparsers: Any) -> None:
         help="message encoding; hps = HugeCTR HPS format on topic hps_et.<model>.<table> (upserts only)",
     )
     p.add_argument("--producer-id", default=None, help="producer id written into each message")
-    sec = p.add_argument_group("Kafka security (as the updater's keys of the same names)")
-    sec.add_argument(
-        "--security-protocol",
-        choices=["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"],
-        default="PLAINTEXT",
-        help="Kafka security.protocol (default PLAINTEXT)",
-    )
-    sec.add_argument(
-        "--sasl-mechanism",
-        choices=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"],
-        default="PLAIN",
-        help="SASL mechanism for SASL_* protocols (default PLAIN)",
-    )
-    sec.add_argument("--sasl-username", default=None, help="SASL user")
-    sec.add_argument(
-        "--sasl-password-file",
-        type=Path,
-        default=None,
-        help="file holding the SASL password (else the EMBEDGATE_SASL_PASSWORD environment variable)",
-    )
-    sec.add_argument(
-        "--ssl-cafile", type=Path, default=None, help="PEM CA bundle that signed the broker's cert"
-    )
-    sec.add_argument("--ssl-certfile", type=Path, default=None, help="PEM client certificate (mTLS brokers)")
-    sec.add_argument("--ssl-keyfile", type=Path, default=None, help="PEM private key of --ssl-certfile")
+    add_security_arguments(p)
     p.add_argument(
         "--timeout",
         type=float,
@@ -152,37 +130,6 @@ def _kafka_error(exc: BaseException, causes: list[str]) -> str:
     if causes:
         text += f" (last failure: {causes[-1]})"
     return text
-
-
-def _security_from_args(args: argparse.Namespace) -> Any:
-    """A KafkaSecurity from the publish flags (ValueError with the problems, one line)."""
-    import os
-
-    from pydantic import SecretStr, ValidationError
-
-    from schemas.tls import KafkaSecurity
-
-    sasl = args.security_protocol.startswith("SASL_")
-    password = os.environ.get("EMBEDGATE_SASL_PASSWORD") if sasl and args.sasl_password_file is None else None
-    try:
-        return KafkaSecurity(
-            security_protocol=args.security_protocol,
-            sasl_mechanism=args.sasl_mechanism,
-            sasl_username=args.sasl_username,
-            sasl_password=None if password is None else SecretStr(password),
-            sasl_password_file=args.sasl_password_file,
-            ssl_cafile=args.ssl_cafile,
-            ssl_certfile=args.ssl_certfile,
-            ssl_keyfile=args.ssl_keyfile,
-        )
-    except ValidationError as exc:
-        problems = [
-            f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}"
-            if e["loc"]
-            else str(e["msg"]).removeprefix("Value error, ")
-            for e in exc.errors()
-        ]
-        raise ValueError("; ".join(problems)) from None
 
 
 async def _serve(settings: Any) -> int:
@@ -260,7 +207,7 @@ def _run_publish(args: argparse.Namespace) -> int:
 
             ids, rows = load_rows(args.source, spec.dim)
             values = None if args.delete else rows
-        security = _security_from_args(args)
+        security = security_from_args(args)
         from updater.kafka_security import client_kwargs
 
         client_kwargs(security)  # loads the CA / client certificate and reads the password file: fail here

@@ -64,8 +64,10 @@ from updater.catchup import catch_up
 from updater.errors import ApplyError, ConfigError, KafkaAction, kafka_action
 from updater.kafka_security import client_kwargs
 from updater.ledger import OffsetLedger
+from updater.membership import check_group
 from updater.metrics import UpdaterMetrics
 from updater.replicas import PositionBook, Replica
+from updater.resume import seed_committed_offsets
 from updater.scheduler import backoff_s
 
 __all__ = ["Updater", "load_models", "replay_timestamp_ms"]
@@ -195,6 +197,11 @@ class Updater:
         s = self.settings
         if s.create_topics:
             await self._ensure_topics()
+        try:
+            await self._preflight()
+        except BaseException:
+            await self._writer.close()
+            raise
         self._dlq = AIOKafkaProducer(
             bootstrap_servers=s.bootstrap_servers,
             client_id=f"{s.client_id}-dlq",
@@ -237,6 +244,29 @@ class Updater:
         finally:
             await self._dlq.stop()
             await self._writer.close()
+
+    async def _preflight(self) -> None:
+        """Before joining the group: refuse a group whose active members consume other topics
+        (:mod:`updater.membership`, ConfigError); partitions the group never committed start at the replicas' stream
+        positions (:mod:`updater.resume`)."""
+        s = self.settings
+        await check_group(
+            bootstrap_servers=s.bootstrap_servers,
+            group_id=s.consumer_group,
+            client_id=s.client_id,
+            topics=s.delta_topics,
+            hps_pattern=s.hps_pattern,
+            kafka_kwargs=self._kafka_security,
+        )
+        await seed_committed_offsets(
+            bootstrap_servers=s.bootstrap_servers,
+            group_id=s.consumer_group,
+            client_id=s.client_id,
+            topics=s.delta_topics,
+            models={name: (r.config, r.manifest) for name, r in self._routes.items()},
+            position=self._writer.stream_position,
+            kafka_kwargs=self._kafka_security,
+        )
 
     async def _ensure_topics(self) -> None:
         from aiokafka.admin import AIOKafkaAdminClient, NewTopic

@@ -8,19 +8,25 @@ broker's certificate and host name are verified against ``ssl_cafile`` or the sy
 aiokafka reports why a bootstrap connection failed (bad password, unknown CA, TLS to a plaintext port...) only in an
 ERROR log line and then raises ``KafkaConnectionError("Unable to bootstrap ...")``. :func:`connect_failures`
 collects those lines so a command-line tool can print the cause in its one-line error.
+
+:func:`add_security_arguments` adds the command-line flags of the same names as the updater's keys (``embedgate
+publish``, ``embedgate export --stream-cut auto``); :func:`security_from_args` builds the KafkaSecurity from them.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from schemas.tls import KafkaSecurity, TLSFileError
 
-__all__ = ["client_kwargs", "connect_failures"]
+__all__ = ["add_security_arguments", "client_kwargs", "connect_failures", "security_from_args"]
 
 
 def client_kwargs(security: KafkaSecurity | None) -> dict[str, Any]:
@@ -69,3 +75,59 @@ def connect_failures() -> Iterator[list[str]]:
         yield handler.messages
     finally:
         logger.removeHandler(handler)
+
+
+def add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    """The Kafka security flags (``--security-protocol``, ``--sasl-*``, ``--ssl-*``) as one argument group."""
+    sec = parser.add_argument_group("Kafka security (as the updater's keys of the same names)")
+    sec.add_argument(
+        "--security-protocol",
+        choices=["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"],
+        default="PLAINTEXT",
+        help="Kafka security.protocol (default PLAINTEXT)",
+    )
+    sec.add_argument(
+        "--sasl-mechanism",
+        choices=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"],
+        default="PLAIN",
+        help="SASL mechanism for SASL_* protocols (default PLAIN)",
+    )
+    sec.add_argument("--sasl-username", default=None, help="SASL user")
+    sec.add_argument(
+        "--sasl-password-file",
+        type=Path,
+        default=None,
+        help="file holding the SASL password (else the EMBEDGATE_SASL_PASSWORD environment variable)",
+    )
+    sec.add_argument(
+        "--ssl-cafile", type=Path, default=None, help="PEM CA bundle that signed the broker's cert"
+    )
+    sec.add_argument("--ssl-certfile", type=Path, default=None, help="PEM client certificate (mTLS brokers)")
+    sec.add_argument("--ssl-keyfile", type=Path, default=None, help="PEM private key of --ssl-certfile")
+
+
+def security_from_args(args: argparse.Namespace) -> KafkaSecurity:
+    """A KafkaSecurity from the flags of :func:`add_security_arguments` (ValueError with the problems, one line)."""
+    from pydantic import SecretStr, ValidationError
+
+    sasl = args.security_protocol.startswith("SASL_")
+    password = os.environ.get("EMBEDGATE_SASL_PASSWORD") if sasl and args.sasl_password_file is None else None
+    try:
+        return KafkaSecurity(
+            security_protocol=args.security_protocol,
+            sasl_mechanism=args.sasl_mechanism,
+            sasl_username=args.sasl_username,
+            sasl_password=None if password is None else SecretStr(password),
+            sasl_password_file=args.sasl_password_file,
+            ssl_cafile=args.ssl_cafile,
+            ssl_certfile=args.ssl_certfile,
+            ssl_keyfile=args.ssl_keyfile,
+        )
+    except ValidationError as exc:
+        problems = [
+            f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}"
+            if e["loc"]
+            else str(e["msg"]).removeprefix("Value error, ")
+            for e in exc.errors()
+        ]
+        raise ValueError("; ".join(problems)) from None

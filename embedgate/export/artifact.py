@@ -84,7 +84,8 @@ def import_tables(
     rows = {**read_ps_tables(ps_dirs, keep), **new_rows}
     ver = next_version(md) if version is None else version
     specs = [t.model_copy(update={"rows": len(rows[t.name][0])}) for t in manifest.tables]
-    new_manifest = manifest.model_copy(update={"version": ver, "tables": specs})
+    # The tables are written without a stream position: the kept ones hold only the old version's exported rows.
+    new_manifest = manifest.model_copy(update={"version": ver, "tables": specs, "stream_cut": {}})
     n = manifest.num_shards
 
     def build(tmp: Path) -> None:

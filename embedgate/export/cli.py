@@ -50,6 +50,7 @@ def register(subparsers: Any) -> None:
         help="serve table NAME from an HPS directory (or .npy/.npz file) instead of the Embedding weights "
         "(repeatable)",
     )
+    _add_stream_cut_arguments(p)
     p.set_defaults(func=_export)
 
     p = subparsers.add_parser("demo-model", help="train and export the demo CTR model")
@@ -130,6 +131,84 @@ def register(subparsers: Any) -> None:
     h.set_defaults(func=_helm_values)
 
 
+def _add_stream_cut_arguments(p: Any) -> None:
+    from updater.kafka_security import add_security_arguments
+
+    cut = p.add_argument_group("stream cut (docs/export.md#stream-cut)")
+    cut.add_argument(
+        "--stream-cut",
+        default="none",
+        metavar="auto|none|TOPIC:PARTITION=OFFSET,...",
+        help="the Kafka position the exported tables contain; every PS table starts there and manifest.json records "
+        "it. auto: the end offsets of the model's delta topic now (run it after the trainer's publishes were "
+        "acknowledged and its tables hold those rows, before it publishes more); none (default): no cut",
+    )
+    cut.add_argument(
+        "--bootstrap",
+        "--bootstrap-servers",
+        default="127.0.0.1:9092",
+        help="Kafka bootstrap servers for --stream-cut auto",
+    )
+    cut.add_argument(
+        "--stream-topic",
+        action="append",
+        default=None,
+        metavar="TOPIC",
+        help="topic the auto cut covers (repeatable; default the model's own: embedgate.deltas.<model>)",
+    )
+    cut.add_argument(
+        "--kafka-timeout", type=float, default=60.0, help="seconds before giving up on Kafka (exit 1)"
+    )
+    add_security_arguments(p)
+
+
+class _KafkaUnavailable(Exception):
+    """--stream-cut auto could not read the end offsets; the message is the one line to print."""
+
+
+def _stream_cut(args: argparse.Namespace) -> dict[str, int] | None:
+    """The cut --stream-cut asks for (None: none). ValueError for bad flags, _KafkaUnavailable for Kafka."""
+    from embedgate.export.streamcut import format_stream_cut, kafka_stream_cut, parse_stream_cut
+
+    text = args.stream_cut.strip()
+    if text == "none":
+        return None
+    if text != "auto":
+        return parse_stream_cut(text)
+    from embedgate.export.declaration import load_declaration
+    from schemas.deltas import delta_topic
+    from updater.kafka_security import client_kwargs, connect_failures, security_from_args
+
+    topics = args.stream_topic or [delta_topic(load_declaration(args.declaration).model_name)]
+    security = security_from_args(args)
+    client_kwargs(security)  # reads the CA / certificate / password files: a bad one fails here, exit 2
+    import logging
+
+    from aiokafka.errors import KafkaError
+
+    logging.getLogger("aiokafka").propagate = False  # connect_failures keeps the cause for the one line below
+    causes: list[str] = []
+    try:
+        with connect_failures() as causes:
+            cut, missing = kafka_stream_cut(
+                args.bootstrap, topics, security=security, timeout_s=args.kafka_timeout
+            )
+    except (KafkaError, OSError, TimeoutError) as exc:
+        what = f"timed out after {args.kafka_timeout:g} s" if isinstance(exc, TimeoutError) else repr(exc)
+        if causes:
+            what += f" (last failure: {causes[-1]})"
+        raise _KafkaUnavailable(
+            f"--stream-cut auto: Kafka at {args.bootstrap}: {what}; nothing exported"
+        ) from None
+    for t in missing:
+        print(
+            f"stream cut: topic {t} does not exist yet (nothing published): no position for it",
+            file=sys.stderr,
+        )
+    print(f"stream cut: {format_stream_cut(cut) or '(empty)'}")
+    return cut
+
+
 def _pairs(items: list[str]) -> dict[str, Path]:
     out = {}
     for item in items:
@@ -156,6 +235,13 @@ def _export(args: argparse.Namespace) -> int:
     from embedgate.export.exporter import export_model
 
     try:
+        cut = _stream_cut(args)  # first: a bad flag or an unreachable Kafka fails before the slow export
+    except ValueError as exc:
+        return _fail(exc)
+    except _KafkaUnavailable as exc:
+        print(f"embedgate: error: {exc}", file=sys.stderr)
+        return 1
+    try:
         if args.dense_model is not None:
             from embedgate.export.decomposed import export_decomposed
 
@@ -170,6 +256,7 @@ def _export(args: argparse.Namespace) -> int:
                 version=args.version,
                 overwrite=args.overwrite,
                 self_check=args.self_check,
+                stream_cut=cut,
             )
         else:
             if args.tables is not None:
@@ -183,6 +270,7 @@ def _export(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
                 tables=_pairs(args.table),
                 self_check=args.self_check,
+                stream_cut=cut,
             )
     except ValueError as exc:
         return _fail(exc)

@@ -18,7 +18,14 @@ from typing import Any
 import numpy as np
 
 from embedgate.export.declaration import Declaration, DeclarationError, load_declaration
-from embedgate.export.exporter import ExportError, ExportResult, _export_plan, _outputs, _Plan
+from embedgate.export.exporter import (
+    ExportError,
+    ExportResult,
+    _export_plan,
+    _outputs,
+    _Plan,
+    check_stream_cut,
+)
 from embedgate.export.modelcheck import DenseReference
 from embedgate.export.ps import Rows
 from embedgate.export.tables import check_rows, find_table, load_table
@@ -39,12 +46,13 @@ def export_decomposed(
     version: int | None = None,
     overwrite: bool = False,
     self_check: bool = True,
+    stream_cut: Mapping[str, int] | None = None,
 ) -> ExportResult:
     """Export ``dense_model`` (keras.Model or ``.keras`` file) + ``tables`` as ``<out_dir>/<model_name>/``.
 
     ``tables``: a directory holding ``<table>/`` (HPS), ``<table>.npy`` or ``<table>.npz`` for every declared table,
     or a mapping table -> ``(ids, vectors)`` or path. Versioning, atomicity and the self-check as in
-    :func:`embedgate.export.exporter.export_model`.
+    :func:`embedgate.export.exporter.export_model`, and so is ``stream_cut``.
     """
     if isinstance(declaration, Mapping):
         decl = Declaration.model_validate(declaration)
@@ -52,6 +60,7 @@ def export_decomposed(
         decl = declaration if isinstance(declaration, Declaration) else load_declaration(declaration)
     if num_shards < 1:
         raise ExportError(f"num_shards must be >= 1, got {num_shards}")
+    cut = check_stream_cut(stream_cut)
     model = _load(dense_model)
     rows = _rows(decl, tables)
     specs = {}
@@ -113,7 +122,7 @@ def export_decomposed(
     plan = _Plan(
         list(specs.values()), rows, sparse, dense, entry, _outputs(model), reference, sample_ids, lengths
     )
-    return _export_plan(plan, decl, out_dir, num_shards, version, overwrite, self_check)
+    return _export_plan(plan, decl, out_dir, num_shards, version, overwrite, self_check, cut)
 
 
 def _load(model: Any) -> Any:

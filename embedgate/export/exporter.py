@@ -48,7 +48,14 @@ from schemas.manifest import (
 )
 from schemas.partition import shard_for
 
-__all__ = ["ExportError", "ExportResult", "export_model", "next_version", "write_artifacts"]
+__all__ = [
+    "ExportError",
+    "ExportResult",
+    "check_stream_cut",
+    "export_model",
+    "next_version",
+    "write_artifacts",
+]
 
 ENTRY_DIR = "entry"
 _MODEL_FILES = (LOOKUPS_FILE,)  # model-level files that follow the newest version, next to the manifest
@@ -99,6 +106,7 @@ def export_model(
     overwrite: bool = False,
     tables: Mapping[str, Rows | str | Path] | None = None,
     self_check: bool = True,
+    stream_cut: Mapping[str, int] | None = None,
 ) -> ExportResult:
     """Export ``model`` (a keras.Model or a ``.keras`` file) as ``<out_dir>/<model_name>/``.
 
@@ -107,14 +115,18 @@ def export_model(
     weights) with ``(ids, vectors)`` arrays or an HPS table directory, so tables trained elsewhere can be served.
     ``self_check``: before publishing, run the staged entry + PS on sample inputs and compare with the Keras model
     (:mod:`embedgate.export.selfcheck`); a mismatch raises ``SelfCheckError`` and publishes nothing.
+    ``stream_cut`` (``"<topic>:<partition>"`` -> next offset, :mod:`embedgate.export.streamcut`): the Kafka position
+    the model's tables contain; every PS table starts there and ``manifest.json`` records it (None: no cut, replicas
+    start without a position and an updater replays their partitions from the beginning).
     """
     decl = declaration if isinstance(declaration, Declaration) else load_declaration(declaration)
     if num_shards < 1:
         raise ExportError(f"num_shards must be >= 1, got {num_shards}")
+    cut = check_stream_cut(stream_cut)
     keras_model = _load_model(model)
     plan = _plan(keras_model, decl, tables or {})
     del keras_model
-    return _export_plan(plan, decl, out_dir, num_shards, version, overwrite, self_check)
+    return _export_plan(plan, decl, out_dir, num_shards, version, overwrite, self_check, cut)
 
 
 def _export_plan(
@@ -125,6 +137,7 @@ def _export_plan(
     version: int | None,
     overwrite: bool,
     self_check: bool,
+    stream_cut: Mapping[str, int] | None = None,
 ) -> ExportResult:
     model_dir = Path(out_dir) / decl.model_name
     ver = next_version(model_dir) if version is None else version
@@ -138,6 +151,7 @@ def _export_plan(
         dense_features=plan.dense,
         partition=PartitionSpec(num_shards=num_shards),
         entry=EntrySpec(outputs=plan.outputs),
+        stream_cut=dict(stream_cut or {}),
     )
 
     def build(tmp: Path) -> None:
@@ -149,7 +163,7 @@ def _export_plan(
                 ids, vals = plan.rows[t.name]
                 sel = shards[t.name] == i
                 part[t.name] = (ids[sel], vals[sel])
-            write_ps_shard(tmp / ps_dir_name(i), plan.tables, part)
+            write_ps_shard(tmp / ps_dir_name(i), plan.tables, part, stream_cut=stream_cut)
         if self_check and plan.reference is not None:
             from embedgate.export.selfcheck import check_staged, sample_instances
 
@@ -164,6 +178,20 @@ def _export_plan(
         tmp_req.write_text(json.dumps(example) + "\n", encoding="utf-8")
         tmp_req.replace(model_dir / EXAMPLE_REQUEST_FILE)
     return ExportResult(model_dir=model_dir, version=ver, manifest=manifest)
+
+
+def check_stream_cut(cut: Mapping[str, int] | None) -> dict[str, int]:
+    """``cut`` as a plain dict after checking it (keys ``"<topic>:<partition>"``, offsets >= 0); ExportError naming the
+    bad entry."""
+    out: dict[str, int] = {}
+    for key, offset in (cut or {}).items():
+        topic, sep, part = str(key).rpartition(":")
+        if not sep or not topic or not part.isdigit():
+            raise ExportError(f'stream cut: key {key!r} is not "<topic>:<partition>"')
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+            raise ExportError(f"stream cut: {key}: offset {offset!r} is not an integer >= 0")
+        out[str(key)] = int(offset)
+    return out
 
 
 def next_version(model_dir: Path) -> int:

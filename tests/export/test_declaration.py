@@ -151,11 +151,11 @@ def test_failure_mid_export_leaves_no_version_dir(
     real = exporter.write_ps_shard
     calls = []
 
-    def failing(path: Path, *args: Any) -> None:
+    def failing(path: Path, *args: Any, **kwargs: Any) -> None:
         calls.append(path)
         if len(calls) == 2:
             raise RuntimeError("disk full (simulated)")
-        real(path, *args)
+        real(path, *args, **kwargs)
 
     monkeypatch.setattr(exporter, "write_ps_shard", failing)
     with pytest.raises(RuntimeError, match="simulated"):

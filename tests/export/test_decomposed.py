@@ -119,9 +119,22 @@ def test_cli_round_trip_predictions_equal_dense_of_pooled_tables(
     (tmp_path / "decl.yaml").write_text(yaml.safe_dump(DECL))
     args = ["export", "--dense-model", str(tmp_path / "dense.keras"), "--tables", str(tmp_path / "tables")]
     args += ["--declaration", str(tmp_path / "decl.yaml"), "--out", str(tmp_path / "out"), "--shards", "3"]
+    args += ["--stream-cut", "embedgate.deltas.split:0=5,embedgate.deltas.split:1=3"]
     assert main(args) == 0, capsys.readouterr().err
     assert "user_emb(4x8), tag_emb(30x4), item_emb(3x3)" in capsys.readouterr().out
     m = Manifest.load(tmp_path / "out" / "split")
+    cut = {"embedgate.deltas.split:0": 5, "embedgate.deltas.split:1": 3}
+    assert m.stream_cut == cut
+    import tensorflow as tf
+
+    for shard in range(3):  # every table of every shard starts at the cut
+        ckpt = tf.train.load_checkpoint(
+            str(tmp_path / "out" / "split" / f"ps_{shard}" / "1" / "variables" / "variables")
+        )
+        for t in ("user_emb", "tag_emb", "item_emb"):
+            keys = [k.decode() for k in ckpt.get_tensor(f"positions/{t}/.ATTRIBUTES/table-keys")]
+            offsets = ckpt.get_tensor(f"positions/{t}/.ATTRIBUTES/table-values").tolist()
+            assert dict(zip(keys, offsets, strict=True)) == cut, (shard, t)
     assert [f.name for f in m.sparse_features] == ["user", "genres", "tags", "clicks"]
     assert m.sparse("tags").weights == "tags_w" and m.table("item_emb").default_value == 0.5
 

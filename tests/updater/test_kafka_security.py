@@ -382,3 +382,22 @@ async def test_secured_write_path_end_to_end(
                 return not np.allclose(after, before)
 
             await eventually(changed, 30, f"prediction change after publishing {table.name}[{the_id}]")
+
+
+@pytest.mark.integration
+async def test_export_stream_cut_over_sasl_ssl(sasl_kafka: Broker, certs: TlsFiles, unique: str) -> None:
+    """``embedgate export --stream-cut auto`` reads end offsets with the same security settings as publish."""
+    from embedgate.export.streamcut import read_stream_cut
+    from tests.updater.test_producer import MANIFEST
+
+    security = KafkaSecurity.model_validate(_security(certs, "PLAIN", TRAINER, TRAINER_PW))
+    topic = f"{unique}.deltas"
+    async with DeltaPublisher(sasl_kafka.secure_bootstrap, topic=topic, security=security) as pub:
+        result = await pub.publish(MANIFEST, "item", np.arange(10), np.ones((10, 4), np.float32))
+        partitions = await pub.partitions(topic)
+    cut, missing = await read_stream_cut(
+        sasl_kafka.secure_bootstrap, [topic, f"{unique}.absent"], security=security
+    )
+    assert missing == [f"{unique}.absent"]
+    assert set(cut) == {f"{topic}:{p}" for p in range(partitions)}
+    assert sum(cut.values()) == result.messages  # a new topic: its end offsets count the messages published

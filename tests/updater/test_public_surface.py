@@ -55,7 +55,19 @@ SURFACE = {
     "updater.catchup": {"catch_up"},
     "updater.producer": {"DeltaPublisher", "PublishResult", "load_rows", "message_key"},
     "updater.cli": {"register"},
-    "updater.kafka_security": {"client_kwargs", "connect_failures"},
+    "updater.kafka_security": {
+        "add_security_arguments",
+        "client_kwargs",
+        "connect_failures",
+        "security_from_args",
+    },
+    "updater.membership": {"GroupMember", "check_group", "foreign_members", "subscribed_topics"},
+    "updater.resume": {
+        "concerned_replicas",
+        "replica_start_offsets",
+        "seed_committed_offsets",
+        "topic_partitions",
+    },
     "schemas.tls": {
         "BackendPem",
         "BackendTLS",
