@@ -120,7 +120,7 @@ class ConsumerLoop:
         self._ledger = OffsetLedger()
         self._book = PositionBook()
         self._generation = 0
-        self._fetching: asyncio.Task[list[Any]] | None = None
+        self._fetching: asyncio.Task[tuple[list[Any], KafkaError | None]] | None = None
         self._fetch_generation = 0
         self._writes: dict[asyncio.Task[ApplyError | None], GroupBuffer] = {}
         self._paused: set[TopicPartition] = set()
@@ -163,11 +163,13 @@ class ConsumerLoop:
         self._land_writes()
         if self._fetching is not None and self._fetching.done():
             task, self._fetching = self._fetching, None
-            records = task.result()
+            records, error = task.result()
             if self._fetch_generation != self._generation:
                 self._rewind(records)  # a rebalance happened while fetching: read them again
             else:
                 self._ingest(records)
+            if error is not None:
+                self._kafka_error("fetch", error)
         self._dispatch()
         await self._dead_letters.flush()
         await self._commit()
@@ -203,15 +205,19 @@ class ConsumerLoop:
         return min(_IDLE_WAIT_S, max(0.0, min(deadlines) - self._clock()))
 
     # -- fetch and ingest ---------------------------------------------------------------------------------------
-    async def _fetch(self) -> list[Any]:
-        """Records in partition order; once one arrived, more are gathered for up to ``batch.max_delay_ms``."""
+    async def _fetch(self) -> tuple[list[Any], KafkaError | None]:
+        """Records in partition order; once one arrived, more are gathered for up to ``batch.max_delay_ms``. A Kafka
+        error ends the fetch: the records read before it are returned with it (the client's position is past them)."""
         out: list[Any] = []
         deadline: float | None = None
         for _ in range(_FETCH_PASSES):  # bounded: each pass waits or gathers records
             timeout = _IDLE_WAIT_S if deadline is None else max(0.0, deadline - self._clock())
-            got = await self._client.getmany(
-                timeout_ms=int(timeout * 1000), max_records=max(1, self._batch.max_messages - len(out))
-            )
+            try:
+                got = await self._client.getmany(
+                    timeout_ms=int(timeout * 1000), max_records=max(1, self._batch.max_messages - len(out))
+                )
+            except KafkaError as exc:
+                return out, exc
             fresh = [rec for recs in got.values() for rec in recs]
             out.extend(fresh)
             if not out or not fresh or len(out) >= self._batch.max_messages or self._stop.is_set():
@@ -220,7 +226,7 @@ class ConsumerLoop:
                 deadline = self._clock() + self._batch.max_delay_ms / 1000
             elif self._clock() >= deadline:
                 break
-        return out
+        return out, None
 
     def _ingest(self, records: list[Any]) -> None:
         groups, invalid = self._decoder.group(records)
@@ -359,19 +365,37 @@ class ConsumerLoop:
         try:
             await self._client.commit(offsets)
         except KafkaError as exc:
-            action = kafka_action(exc)
-            if action is KafkaAction.FATAL:
+            if generation == self._generation:
+                self._kafka_error("commit", exc)
+            elif kafka_action(exc) is KafkaAction.FATAL:
                 raise
-            if action is KafkaAction.REJOIN:
-                log.warning("commit failed (%r); uncommitted records will be redelivered", exc)
-                if generation == self._generation:
-                    self.reset()
-            else:
-                log.warning("commit failed (%r); will retry on the next iteration", exc)
             return
         if generation == self._generation:
             self._ledger.committed(offsets)
         self.metrics.commits.inc()
+
+    def _kafka_error(self, what: str, exc: KafkaError) -> None:
+        """Act on a Kafka error of a fetch or commit as :func:`updater.errors.kafka_action` decides: raise it
+        (FATAL), drop everything uncommitted and read it again from the committed offsets (REJOIN), or go on
+        (RETRY: nothing was skipped, the next iteration tries again)."""
+        action = kafka_action(exc)
+        if action is KafkaAction.FATAL:
+            raise exc
+        if action is KafkaAction.REJOIN:
+            log.warning("%s failed (%r); everything uncommitted is read again", what, exc)
+            self._rejoin()
+        else:
+            log.warning("%s failed (%r); will retry on the next iteration", what, exc)
+
+    def _rejoin(self) -> None:
+        """This member may have lost its partitions: drop what is uncommitted and seek the partitions it still holds
+        back to their committed offsets (a rebalance that follows seeks them again in :meth:`on_assigned`)."""
+        back = {tp: self._ledger.committed_offset(tp) for tp in self._client.assignment()}
+        self.reset()
+        for tp, offset in back.items():
+            if offset is not None:
+                self._client.seek(tp, offset)
+                self._ledger.committed({tp: offset})
 
     def _update_pauses(self) -> None:
         assigned = self._client.assignment()

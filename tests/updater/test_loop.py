@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -174,15 +175,42 @@ async def test_rebalance_mid_write_commits_nothing_of_the_old_generation() -> No
     await rig.close()
 
 
-async def test_a_commit_that_finds_the_member_out_of_the_group_drops_everything() -> None:
+async def test_a_commit_that_finds_the_member_out_of_the_group_reads_everything_uncommitted_again() -> None:
     rig = Rig(FakeClient())
+    rig.client.committed_offsets[tp(0)] = 5
+    await rig.loop.on_assigned([tp(0), tp(1)])
+    gate = rig.writer.hold(0)
+    rig.client.feed(delta_record(0, 5, S0[:2]), delta_record(0, 6, S0[2:4]))
+    await rig.until(lambda: len(rig.writer.calls) == 1, "write started")
     rig.client.commit_error = CommitFailedError("rebalanced")
-    rig.client.feed(delta_record(0, 0, S0[:2]))
-    await rig.until(lambda: len(rig.writer.acked) == 1, "written")
+    rig.client.feed(delta_record(1, 0, S1[:1]))  # its commit fails while shard 0's write is in flight
+    await rig.until(lambda: rig.client.commit_error is None, "commit tried")
+    assert rig.client.seeks[-1] == (tp(0), 5), "not sought back to the committed offset"
+    gate.set()
     await rig.steps()
-    assert rig.client.last_commit(0) is None, "the failed commit was recorded"
-    rig.client.feed(delta_record(0, 1, S0[:2]))
-    await rig.until(lambda: rig.client.last_commit(0) == 2, "later commits go on")
+    assert rig.client.last_commit(0) == 5, "a write from before the failed commit was committed"
+    rig.client.feed(delta_record(0, 5, S0[:2]), delta_record(0, 6, S0[2:4]))  # read again
+    await rig.until(lambda: rig.client.last_commit(0) == 7, "commit after the records were read again")
+    await rig.close()
+
+
+async def test_a_fetch_error_keeps_the_records_read_before_it() -> None:
+    rig = Rig(FakeClient())
+    real = rig.client.getmany
+    calls = 0
+
+    async def flaky(*partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise KafkaTimeoutError()
+        return await real(*partitions, timeout_ms=timeout_ms, max_records=max_records)
+
+    rig.client.getmany = flaky  # type: ignore[method-assign]
+    rig.client.feed(delta_record(0, 0, S0[:1]))
+    rig.client.feed(delta_record(0, 1, S0[1:2]))
+    await rig.until(lambda: rig.client.last_commit(0) == 2, "both records applied and committed")
+    assert sorted(i for c in rig.writer.acked for i in c.upsert_ids.tolist()) == sorted(S0[:2])
     await rig.close()
 
 
