@@ -63,6 +63,11 @@ class RecordDecoder:
 
     def decode(self, rec: Record, *, count: bool = True) -> EmbeddingDelta | None:
         """The delta in ``rec`` (None: an HPS beacon); DeltaError if invalid. ``count`` updates the metrics."""
+        routed = self._decode(rec, count)
+        return None if routed is None else routed[0]
+
+    def _decode(self, rec: Record, count: bool) -> tuple[EmbeddingDelta, list[int]] | None:
+        """The delta and the shards its rows belong to (ascending), or None for a beacon."""
         if _HPS_RE.match(rec.topic):
             delta = decode_hps(
                 rec.topic, rec.value, key=rec.key, timestamp_ms=rec.timestamp, sequence=rec.offset
@@ -81,10 +86,11 @@ class RecordDecoder:
                 "unknown_model", f"unknown model {delta.model!r} (configured: {sorted(self._routes)})"
             )
         check_against_manifest(delta, route.manifest)
-        self._check_partition(rec, delta, route.manifest.num_shards)
+        shards = _shards(delta, route.manifest.num_shards)
+        self._check_partition(rec, delta, shards)
         if count:
             self._metrics.messages.labels(kind).inc()
-        return delta
+        return delta, shards
 
     def group(self, records: list[Any]) -> tuple[list[GroupBuffer], list[tuple[Any, DeltaError]]]:
         """``(groups, invalid)``: the valid rows of ``records`` per group in arrival order, and each invalid record
@@ -93,14 +99,19 @@ class RecordDecoder:
         invalid: list[tuple[Any, DeltaError]] = []
         for rec in records:
             try:
-                delta = self.decode(rec)
+                routed = self._decode(rec, True)
             except DeltaError as exc:
                 invalid.append((rec, exc))
                 continue
-            if delta is None:
+            if routed is None:
                 continue
+            delta, shards = routed
             manifest = self._routes[delta.model].manifest
-            for shard, ids, values in split_by_shard(delta, manifest.num_shards):
+            if len(shards) == 1:  # the common case: a producer sends one shard's rows per message
+                parts = [(shards[0], delta.ids, delta.values)]
+            else:
+                parts = split_by_shard(delta, manifest.num_shards)
+            for shard, ids, values in parts:
                 key = GroupKey(delta.model, shard, delta.table)
                 buf = groups.get(key)
                 if buf is None:
@@ -108,13 +119,12 @@ class RecordDecoder:
                 buf.add(ids, values, delta.timestamp_ms, rec, delta.sequence)
         return list(groups.values()), invalid
 
-    def _check_partition(self, rec: Record, delta: EmbeddingDelta, num_shards: int) -> None:
+    def _check_partition(self, rec: Record, delta: EmbeddingDelta, shards: list[int]) -> None:
         partitions = self._partitions_for_topic(rec.topic)
         if not partitions:
             return  # no metadata (cannot happen for an assigned partition): nothing to check against
         count = len(partitions)
-        shards = np.unique(shard_for(delta.ids, num_shards))
-        wrong = [int(sh) for sh in shards if shard_partition(int(sh), count) != rec.partition]
+        wrong = [sh for sh in shards if shard_partition(sh, count) != rec.partition]
         if wrong:
             raise DeltaError(
                 "wrong_partition",
@@ -122,3 +132,14 @@ class RecordDecoder:
                 f"{shard_partition(wrong[0], count)} of {count} ({rec.topic}), found in partition {rec.partition}; "
                 "producers must send shard s to partition s % partitions",
             )
+
+
+def _shards(delta: EmbeddingDelta, num_shards: int) -> list[int]:
+    """The shards ``delta``'s rows belong to, ascending (one hash pass; no sort when all rows share a shard)."""
+    if num_shards == 1:
+        return [0]
+    shards = shard_for(delta.ids, num_shards)
+    first = int(shards[0])
+    if bool((shards == first).all()):
+        return [first]
+    return [int(s) for s in np.unique(shards)]
