@@ -51,6 +51,23 @@ def backoff_s(attempts: int, retry: RetrySettings, rand: Callable[[], float] = r
 class _Flight:
     buf: GroupBuffer
     generation: int
+    firsts: dict[TopicPartition, int]
+
+
+def _firsts(buf: GroupBuffer) -> dict[TopicPartition, int]:
+    """The lowest offset of ``buf``'s records in each partition."""
+    out: dict[TopicPartition, int] = {}
+    for rec in buf.records:
+        tp = TopicPartition(rec.topic, rec.partition)
+        if rec.offset < out.get(tp, rec.offset + 1):
+            out[tp] = rec.offset
+    return out
+
+
+def _merge(into: dict[TopicPartition, int], other: dict[TopicPartition, int]) -> None:
+    for tp, offset in other.items():
+        if offset < into.get(tp, offset + 1):
+            into[tp] = offset
 
 
 class ApplyScheduler:
@@ -74,6 +91,8 @@ class ApplyScheduler:
         self._clock = clock
         self._rand = rand
         self._pending: dict[GroupKey, GroupBuffer] = {}
+        self._pending_firsts: dict[GroupKey, dict[TopicPartition, int]] = {}  # lowest offset per partition
+        self._fresh_rows = 0  # rows of pending groups that never failed (what full() bounds)
         self._flying: dict[GroupKey, _Flight] = {}
         self._generation = 0
 
@@ -81,10 +100,15 @@ class ApplyScheduler:
     def add(self, buf: GroupBuffer) -> None:
         """New rows of ``buf.key``, read after every row already held for that key."""
         waiting = self._pending.get(buf.key)
+        firsts = _firsts(buf)
         if waiting is None:
             self._pending[buf.key] = buf
+            self._pending_firsts[buf.key] = firsts
         else:
             waiting.absorb(buf)
+            _merge(self._pending_firsts[buf.key], firsts)
+        if waiting is None or waiting.attempts == 0:
+            self._fresh_rows += buf.rows
 
     def take_due(self) -> list[GroupBuffer]:
         """The pending groups to write now (their key has no write in flight and no backoff running), marked in
@@ -93,25 +117,29 @@ class ApplyScheduler:
         due = [buf for key, buf in self._pending.items() if key not in self._flying and buf.next_try <= now]
         for buf in due:
             del self._pending[buf.key]
-            self._flying[buf.key] = _Flight(buf, self._generation)
+            self._flying[buf.key] = _Flight(buf, self._generation, self._pending_firsts.pop(buf.key))
+            if buf.attempts == 0:
+                self._fresh_rows -= buf.rows
         return due
 
     # -- outcomes -----------------------------------------------------------------------------------------------
-    def _land(self, buf: GroupBuffer) -> bool:
+    def _land(self, buf: GroupBuffer) -> _Flight | None:
+        """Take ``buf`` out of flight; the flight, or None when it was stale."""
         flight = self._flying.get(buf.key)
         if flight is None or flight.buf is not buf:
             raise RuntimeError(f"group {buf.key} is not in flight")
         del self._flying[buf.key]
-        return flight.generation == self._generation
+        return flight if flight.generation == self._generation else None
 
     def succeeded(self, buf: GroupBuffer) -> bool:
         """Every replica acknowledged ``buf``. False when it was written before a :meth:`reset` (ignore it)."""
-        return self._land(buf)
+        return self._land(buf) is not None
 
     def failed(self, buf: GroupBuffer) -> float | None:
         """A retriable failure: ``buf`` waits, in front of newer rows of its key, for the backoff; returns the delay
         in seconds, or None when the write was stale (started before a :meth:`reset`: dropped)."""
-        if not self._land(buf):
+        flight = self._land(buf)
+        if flight is None:
             return None
         buf.attempts += 1
         delay = backoff_s(buf.attempts, self._retry, self._rand)
@@ -119,37 +147,38 @@ class ApplyScheduler:
         newer = self._pending.pop(buf.key, None)
         if newer is not None:
             buf.absorb(newer)
+            _merge(flight.firsts, self._pending_firsts.pop(buf.key))
+            self._fresh_rows -= newer.rows  # newer never failed itself (it waited behind buf)
         self._pending[buf.key] = buf
+        self._pending_firsts[buf.key] = flight.firsts
         return delay
 
     def rejected(self, buf: GroupBuffer) -> bool:
         """The replicas refused ``buf`` (the caller dead-letters its records). False when stale."""
-        return self._land(buf)
+        return self._land(buf) is not None
 
     def reset(self) -> None:
         """Drop every pending group; writes in flight become stale (see the module doc)."""
         self._pending.clear()
+        self._pending_firsts.clear()
+        self._fresh_rows = 0
         self._generation += 1
 
     # -- what the loop asks -------------------------------------------------------------------------------------
-    def _live(self) -> Iterator[GroupBuffer]:
-        yield from self._pending.values()
-        yield from (f.buf for f in self._flying.values() if f.generation == self._generation)
+    def _live(self) -> Iterator[tuple[GroupBuffer, dict[TopicPartition, int]]]:
+        for key, buf in self._pending.items():
+            yield buf, self._pending_firsts[key]
+        yield from ((f.buf, f.firsts) for f in self._flying.values() if f.generation == self._generation)
 
     def waiting_offsets(self) -> Iterator[tuple[TopicPartition, int]]:
-        """``(partition, offset)`` of every record whose rows are not acknowledged yet (pending or in flight)."""
-        for buf in self._live():
-            for rec in buf.records:
-                yield TopicPartition(rec.topic, rec.partition), rec.offset
+        """Per group and partition, the lowest offset of a record whose rows are not acknowledged yet (pending or
+        in flight): no offset at or after it may be committed."""
+        for _, firsts in self._live():
+            yield from firsts.items()
 
     def held_partitions(self) -> set[TopicPartition]:
         """Partitions with records in a group that failed and is waiting or being retried: pause them."""
-        return {
-            TopicPartition(rec.topic, rec.partition)
-            for buf in self._live()
-            if buf.attempts > 0
-            for rec in buf.records
-        }
+        return {tp for buf, firsts in self._live() if buf.attempts > 0 for tp in firsts}
 
     def next_due(self) -> float | None:
         """Clock time when the earliest pending group with no write in flight becomes due (None: none waits)."""
@@ -158,8 +187,7 @@ class ApplyScheduler:
 
     def full(self) -> bool:
         """Enough rows wait behind writes in flight: fetch nothing more until one finishes."""
-        rows = sum(b.rows for b in self._pending.values() if b.attempts == 0)
-        return rows >= self._max_pending_rows
+        return self._fresh_rows >= self._max_pending_rows
 
     def in_flight(self) -> int:
         """Writes in flight, stale ones included."""
