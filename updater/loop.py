@@ -18,7 +18,8 @@ One :meth:`ConsumerLoop.step`:
    group, in front of newer rows of its key, for the backoff and its partitions pause; rejected -> its messages are
    dead-lettered (reason ``apply_rejected``);
 4. for a finished fetch: **decode + group** the records (invalid ones go to the dead-letterer; HPS beacons are
-   skipped), mark them fetched in the ledger and hand the groups to the scheduler;
+   skipped), mark them fetched in the ledger and hand the groups to the scheduler; a Kafka error of the fetch or
+   of a commit is acted on as :func:`updater.errors.kafka_action` decides (raise, rejoin, or retry);
 5. send queued dead letters, **commit** per partition the lowest offset whose rows are not acknowledged yet (pending,
    in flight, or a dead letter not acknowledged by the broker; else the next offset), pause/resume partitions, update
    lag, compare replicas' positions (every 5 s), log progress.
