@@ -78,11 +78,11 @@ async def _run(args: argparse.Namespace, demo: Any, backend_target: str, gw_url:
     import httpx
     import numpy as np
 
-    from gateway.codec.tensor import from_ndarray, to_ndarray
     from gateway.embedding import plan_lookups, pool
     from gateway.features import batch_from_instances
     from schemas.manifest import lookup_ids_input, lookup_values_output, ps_model_name
     from schemas.proto import tfs_pb2
+    from schemas.tensors import from_ndarray, to_ndarray
 
     manifest = demo.manifest
     name = manifest.model_name

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gateway.codec.tensor import from_ndarray
 from gateway.embedding import plan_lookups, pool
 from gateway.features import batch_from_instances
 from schemas.manifest import Manifest
 from schemas.proto import tfs_pb2
+from schemas.tensors import from_ndarray
 
 _SINGLE = {
     "user_id": "user_emb",

@@ -95,11 +95,11 @@ def _split_requests(instances: list[dict[str, Any]], manifest: Any, path: Path, 
     import numpy as np
 
     from benchmarks.split_client import write_requests
-    from gateway.codec.tensor import from_ndarray, to_ndarray
     from gateway.embedding import plan_lookups, pool
     from gateway.features import batch_from_instances
     from schemas.manifest import entry_model_name, lookup_ids_input, lookup_values_output, ps_model_name
     from schemas.proto import tfs_pb2
+    from schemas.tensors import from_ndarray, to_ndarray
 
     batch = batch_from_instances(instances, manifest)
     plan = plan_lookups(batch, manifest)

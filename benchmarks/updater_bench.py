@@ -233,10 +233,10 @@ class _Ps:
         import numpy as np
 
         from schemas.manifest import lookup_ids_input, lookup_values_output
-        from updater.apply import tensor_proto
+        from schemas.tensors import from_ndarray
 
         req = self.request(shard, "lookup")
-        req.inputs[lookup_ids_input(_TABLE)].CopyFrom(tensor_proto(np.asarray([row_id], dtype=np.int64)))
+        req.inputs[lookup_ids_input(_TABLE)].CopyFrom(from_ndarray(np.asarray([row_id], dtype=np.int64)))
         resp = await self.predict(req, timeout=5)
         out = resp.outputs[lookup_values_output(_TABLE)]
         if out.tensor_content:
@@ -254,7 +254,7 @@ async def _baseline(ps: _Ps, ids: Any, values: Any, timeout_s: float) -> dict[st
 
     from schemas.manifest import upsert_signature
     from schemas.partition import shard_for
-    from updater.apply import string_tensor_proto, tensor_proto
+    from schemas.tensors import from_ndarray
 
     now_ms = int(time.time() * 1000)
     n_shards = ps.manifest.num_shards
@@ -268,14 +268,14 @@ async def _baseline(ps: _Ps, ids: Any, values: Any, timeout_s: float) -> dict[st
         for start in range(0, len(s_ids), _ROWS_PER_CALL):
             req = ps.request(s, upsert_signature(_TABLE))
             chunk = s_ids[start : start + _ROWS_PER_CALL]
-            req.inputs["ids"].CopyFrom(tensor_proto(chunk))
-            req.inputs["values"].CopyFrom(tensor_proto(s_vals[start : start + _ROWS_PER_CALL]))
+            req.inputs["ids"].CopyFrom(from_ndarray(chunk))
+            req.inputs["values"].CopyFrom(from_ndarray(s_vals[start : start + _ROWS_PER_CALL]))
             # the same version inputs the updater sends (newest wins per row); no stream position
-            req.inputs["timestamps_ms"].CopyFrom(tensor_proto(np.full(len(chunk), now_ms, np.int64)))
-            req.inputs["seqs"].CopyFrom(tensor_proto(np.zeros(len(chunk), np.int64)))
-            req.inputs["stream_partitions"].CopyFrom(string_tensor_proto([]))
-            req.inputs["stream_offsets"].CopyFrom(tensor_proto(np.zeros(0, np.int64)))
-            req.inputs["stream_expected"].CopyFrom(tensor_proto(np.zeros(0, np.int64)))
+            req.inputs["timestamps_ms"].CopyFrom(from_ndarray(np.full(len(chunk), now_ms, np.int64)))
+            req.inputs["seqs"].CopyFrom(from_ndarray(np.zeros(len(chunk), np.int64)))
+            req.inputs["stream_partitions"].CopyFrom(from_ndarray(np.array([], dtype=object)))
+            req.inputs["stream_offsets"].CopyFrom(from_ndarray(np.zeros(0, np.int64)))
+            req.inputs["stream_expected"].CopyFrom(from_ndarray(np.zeros(0, np.int64)))
             await ps.predict(req, timeout=30)
             calls += 1
         return calls

@@ -31,14 +31,21 @@ from schemas.manifest import (
     upsert_signature,
 )
 from schemas.proto import tfs_pb2
+from schemas.tensors import TensorError, from_ndarray, to_ndarray
+from schemas.tfserving_client import ChannelConfig, channel_credentials, open_channel, stub
 from schemas.tls import BackendTLS
-from updater.errors import ApplyError, error_from_grpc
+from updater.errors import ApplyError, ShardUnavailable, error_from_grpc
 from updater.replicas import Replica
 
-__all__ = ["GroupKey", "ShardWriter", "WriteGroup", "WriteGroupRows", "string_tensor_proto", "tensor_proto"]
+__all__ = ["GroupKey", "ShardWriter", "WriteGroup", "WriteGroupRows"]
 
-_PREDICT = "/tensorflow.serving.PredictionService/Predict"
-_MAX_MESSAGE = 64 * 1024 * 1024
+# a restarted PS must be found again quickly (gRPC's default reconnect backoff grows to 120 s)
+_CHANNEL = ChannelConfig(
+    max_send_message_bytes=64 * 1024 * 1024,
+    max_receive_message_bytes=64 * 1024 * 1024,
+    reconnect_backoff_ms=100,
+    max_reconnect_backoff_ms=1000,
+)
 
 
 @dataclass(frozen=True, order=True)
@@ -89,29 +96,13 @@ class WriteGroup:
         return int(len(self.rows.upsert_ids) + len(self.rows.delete_ids))
 
 
-def tensor_proto(array: npt.NDArray[np.int64] | npt.NDArray[np.float32]) -> tfs_pb2.TensorProto:
-    """int64 or float32 ndarray -> TensorProto with little-endian ``tensor_content``."""
-    if array.dtype.kind == "i":
-        dtype, raw = tfs_pb2.DT_INT64, np.ascontiguousarray(array, dtype="<i8")
-    else:
-        dtype, raw = tfs_pb2.DT_FLOAT, np.ascontiguousarray(array, dtype="<f4")
-    shape = tfs_pb2.TensorShapeProto(dim=[tfs_pb2.TensorShapeProto.Dim(size=int(s)) for s in raw.shape])
-    return tfs_pb2.TensorProto(dtype=dtype, tensor_shape=shape, tensor_content=raw.tobytes())
-
-
 def _positions(positions: dict[str, int], expected: dict[str, int]) -> dict[str, tfs_pb2.TensorProto]:
     keys = list(positions)
     return {
-        "stream_partitions": string_tensor_proto(keys),
-        "stream_offsets": tensor_proto(np.array([positions[k] for k in keys], np.int64)),
-        "stream_expected": tensor_proto(np.array([expected.get(k, -1) for k in keys], np.int64)),
+        "stream_partitions": from_ndarray(np.array(keys, dtype=object)),
+        "stream_offsets": from_ndarray(np.array([positions[k] for k in keys], np.int64)),
+        "stream_expected": from_ndarray(np.array([expected.get(k, -1) for k in keys], np.int64)),
     }
-
-
-def _int64s(t: tfs_pb2.TensorProto) -> list[int]:
-    if t.tensor_content:
-        return [int(x) for x in np.frombuffer(t.tensor_content, dtype="<i8")]
-    return [int(x) for x in t.int64_val]
 
 
 def _previous(resp: tfs_pb2.PredictResponse, keys: list[str]) -> dict[str, int]:
@@ -121,11 +112,15 @@ def _previous(resp: tfs_pb2.PredictResponse, keys: list[str]) -> dict[str, int]:
     return dict(zip(keys, _int64s(resp.outputs["stream_previous"]), strict=False))
 
 
-def string_tensor_proto(items: Sequence[str]) -> tfs_pb2.TensorProto:
-    """A 1-D DT_STRING TensorProto (``string_val``, UTF-8) of ``items``."""
-    shape = tfs_pb2.TensorShapeProto(dim=[tfs_pb2.TensorShapeProto.Dim(size=len(items))])
-    return tfs_pb2.TensorProto(
-        dtype=tfs_pb2.DT_STRING, tensor_shape=shape, string_val=[i.encode() for i in items]
+def _int64s(t: tfs_pb2.TensorProto) -> list[int]:
+    """The values of an int64 tensor; TensorError if it cannot be read."""
+    return [int(x) for x in to_ndarray(t).ravel()]
+
+
+def _malformed(exc: TensorError, *, target: str, what: str) -> ApplyError:
+    """A replica's answer that cannot be read: retriable, as the INTERNAL status it stands for."""
+    return ShardUnavailable(
+        f"{what} at {target} failed: malformed answer: {exc}", target=target, code=grpc.StatusCode.INTERNAL
     )
 
 
@@ -143,14 +138,7 @@ class ShardWriter:
     ) -> None:
         self._models = {m.name: m for m in models}
         self._tls = tls
-        self._credentials: grpc.ChannelCredentials | None = None
-        if tls is not None:
-            pem = tls.read()
-            self._credentials = grpc.ssl_channel_credentials(
-                root_certificates=pem.root_certificates,
-                private_key=pem.private_key,
-                certificate_chain=pem.certificate_chain,
-            )
+        self._credentials = channel_credentials(tls) if tls is not None else None
         self._deadline_s = deadline_s
         self._max_rows = max_rows_per_call
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -162,27 +150,10 @@ class ShardWriter:
     def _call(self, target: str) -> grpc.aio.UnaryUnaryMultiCallable:
         call = self._calls.get(target)
         if call is None:
-            options: list[tuple[str, int | str]] = [
-                ("grpc.max_send_message_length", _MAX_MESSAGE),
-                ("grpc.max_receive_message_length", _MAX_MESSAGE),
-                # a restarted PS must be found again quickly (the default reconnect backoff grows to 120 s)
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000),
-            ]
-            if self._credentials is None:
-                channel = grpc.aio.insecure_channel(target, options=options)
-            else:
-                if self._tls is not None and self._tls.server_name is not None:
-                    options.append(("grpc.ssl_target_name_override", self._tls.server_name))
-                channel = grpc.aio.secure_channel(target, self._credentials, options=options)
+            channel = open_channel(target, _CHANNEL, self._tls, self._credentials)
             self._channels[target] = channel
-            call = channel.unary_unary(
-                _PREDICT,
-                request_serializer=None,  # requests are serialized once, shared by every replica (bytes)
-                response_deserializer=tfs_pb2.PredictResponse.FromString,
-            )
-            self._calls[target] = call
+            # requests are serialized once, shared by every replica (bytes)
+            call = self._calls[target] = stub(channel, "Predict", serialized=True)
         return call
 
     def _requests(self, group: WriteGroup) -> list[tuple[str, bytes]]:
@@ -198,25 +169,25 @@ class ShardWriter:
             req = tfs_pb2.PredictRequest(
                 model_spec=tfs_pb2.ModelSpec(name=name, signature_name=upsert_signature(table))
             )
-            req.inputs["ids"].CopyFrom(tensor_proto(r.upsert_ids[sl]))
-            req.inputs["values"].CopyFrom(tensor_proto(r.upsert_values[sl]))
-            req.inputs["timestamps_ms"].CopyFrom(tensor_proto(r.upsert_timestamps_ms[sl]))
-            req.inputs["seqs"].CopyFrom(tensor_proto(r.upsert_seqs[sl]))
+            req.inputs["ids"].CopyFrom(from_ndarray(r.upsert_ids[sl]))
+            req.inputs["values"].CopyFrom(from_ndarray(r.upsert_values[sl]))
+            req.inputs["timestamps_ms"].CopyFrom(from_ndarray(r.upsert_timestamps_ms[sl]))
+            req.inputs["seqs"].CopyFrom(from_ndarray(r.upsert_seqs[sl]))
             out.append((f"{upsert_signature(table)} on {name}", req))
         for start in range(0, len(r.delete_ids), self._max_rows):
             sl = slice(start, start + self._max_rows)
             req = tfs_pb2.PredictRequest(
                 model_spec=tfs_pb2.ModelSpec(name=name, signature_name=delete_signature(table))
             )
-            req.inputs["ids"].CopyFrom(tensor_proto(r.delete_ids[sl]))
-            req.inputs["timestamps_ms"].CopyFrom(tensor_proto(r.delete_timestamps_ms[sl]))
-            req.inputs["seqs"].CopyFrom(tensor_proto(r.delete_seqs[sl]))
+            req.inputs["ids"].CopyFrom(from_ndarray(r.delete_ids[sl]))
+            req.inputs["timestamps_ms"].CopyFrom(from_ndarray(r.delete_timestamps_ms[sl]))
+            req.inputs["seqs"].CopyFrom(from_ndarray(r.delete_seqs[sl]))
             out.append((f"{delete_signature(table)} on {name}", req))
         if not out:  # no rows: a position-only write (an empty delete)
             req = tfs_pb2.PredictRequest(
                 model_spec=tfs_pb2.ModelSpec(name=name, signature_name=delete_signature(table))
             )
-            empty = tensor_proto(np.zeros(0, np.int64))
+            empty = from_ndarray(np.zeros(0, np.int64))
             for k in ("ids", "timestamps_ms", "seqs"):
                 req.inputs[k].CopyFrom(empty)
             out.append((f"{delete_signature(table)} on {name}", req))
@@ -249,7 +220,12 @@ class ShardWriter:
                 )
             except grpc.aio.AioRpcError as exc:
                 raise error_from_grpc(exc, target=target, what=what) from exc
-        return {} if resp is None else _previous(resp, keys)
+        if resp is None:
+            return {}
+        try:
+            return _previous(resp, keys)
+        except TensorError as exc:
+            raise _malformed(exc, target=target, what=requests[-1][0]) from exc
 
     async def apply(
         self, group: WriteGroup, expected: Callable[[str], dict[str, int]] | None = None
@@ -306,7 +282,10 @@ class ShardWriter:
         }
         for t in tables:
             keys = [k.decode() for k in resp.outputs[stream_partitions_output(t)].string_val]
-            offsets = _int64s(resp.outputs[stream_offsets_output(t)])
+            try:
+                offsets = _int64s(resp.outputs[stream_offsets_output(t)])
+            except TensorError as exc:
+                raise _malformed(exc, target=replica.target, what=f"stream_position on {name}") from exc
             out[t] = dict(zip(keys, offsets, strict=True))
         return out
 

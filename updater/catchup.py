@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -27,10 +28,11 @@ from schemas.updater_settings import RetrySettings
 from updater.apply import GroupKey, ShardWriter, WriteGroup
 from updater.batch import GroupBuffer, coalesce, split_by_shard
 from updater.errors import ApplyError
+from updater.metrics import UpdaterMetrics
 from updater.replicas import PositionBook, Replica
 from updater.scheduler import backoff_s
 
-__all__ = ["catch_up"]
+__all__ = ["CatchUpTasks", "catch_up"]
 
 log = logging.getLogger("embedgate.updater.catchup")
 
@@ -191,3 +193,80 @@ async def _retrying(call: Callable[[], Any], retry: RetrySettings, stop: asyncio
 
 def _name(replica: Replica) -> str:
     return f"{replica.model}_ps_{replica.shard}@{replica.target}"
+
+
+class CatchUpTasks:
+    """The catch-ups running in the background, at most one per (replica, partition key); each a :func:`catch_up`
+    task with this updater's ``writer``, ``decode``, group-less ``consumer_factory`` and ``retry`` policy. A task
+    that fails is logged and abandoned in its book (the next write to the replica judges it afresh). Not task-safe:
+    one event loop."""
+
+    def __init__(
+        self,
+        *,
+        manifests: Mapping[str, Manifest],
+        writer: ShardWriter,
+        decode: Callable[[Any], EmbeddingDelta | None],
+        consumer_factory: Callable[[], AIOKafkaConsumer],
+        retry: RetrySettings,
+        stop: asyncio.Event,
+        metrics: UpdaterMetrics,
+    ) -> None:
+        self._manifests = manifests
+        self._writer = writer
+        self._decode = decode
+        self._consumer_factory = consumer_factory
+        self._retry = retry
+        self._stop = stop
+        self._metrics = metrics
+        self._tasks: dict[tuple[Replica, str], asyncio.Task[None]] = {}
+
+    def start(self, book: PositionBook, replica: Replica, key: str, had: int, end: int) -> None:
+        """``replica`` reported position ``had`` on partition ``key``, below what it had acknowledged (it restarted
+        or loaded another version): replay it alone up to ``end`` (where the live loop is now), unless running."""
+        if (replica, key) in self._tasks:
+            return
+        topic, _, part = key.rpartition(":")
+        log.warning(
+            "%s is behind on %s (position %d): replaying it alone up to offset %d", _name(replica), key, had, end
+        )
+        self._metrics.catchups.labels(replica.model, str(replica.shard)).inc()
+        task = asyncio.create_task(
+            catch_up(
+                replica=replica,
+                tp=TopicPartition(topic, int(part)),
+                end=end,
+                hint=had,
+                manifest=self._manifests[replica.model],
+                writer=self._writer,
+                book=book,
+                decode=self._decode,
+                consumer_factory=self._consumer_factory,
+                retry=self._retry,
+                stop=self._stop,
+            ),
+            name=f"catch-up {replica} {key}",
+        )
+        self._tasks[(replica, key)] = task
+        task.add_done_callback(functools.partial(self._done, (replica, key), book))
+
+    def _done(self, k: tuple[Replica, str], book: PositionBook, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(k) is task:
+            del self._tasks[k]
+        if task.cancelled():
+            return
+        if (exc := task.exception()) is not None:
+            log.error("catch-up of %s on %s failed: %r; it is retried on the next write", _name(k[0]), k[1], exc)
+            book.abandon(*k)
+
+    def cancel(self) -> None:
+        """Cancel every catch-up (partitions revoked: a new owner, maybe this one, judges the replicas afresh)."""
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
+
+    async def close(self) -> None:
+        """Cancel every catch-up and wait for them to end."""
+        tasks = list(self._tasks.values())
+        self.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

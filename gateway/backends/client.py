@@ -15,27 +15,9 @@ import grpc
 from gateway.backends.errors import map_grpc_errors
 from gateway.errors import Code, DeadlineExceeded, GatewayError, Unavailable
 from schemas.proto import tfs_pb2
+from schemas.tfserving_client import METHODS, stub
 
 __all__ = ["BackendClient", "CallObserver", "ReplicaSet"]
-
-_PS = "/tensorflow.serving.PredictionService/"
-_METHODS: dict[str, tuple[str, Any, Any]] = {
-    "Predict": (_PS + "Predict", tfs_pb2.PredictRequest, tfs_pb2.PredictResponse),
-    "Classify": (_PS + "Classify", tfs_pb2.ClassificationRequest, tfs_pb2.ClassificationResponse),
-    "Regress": (_PS + "Regress", tfs_pb2.RegressionRequest, tfs_pb2.RegressionResponse),
-    "GetModelMetadata": (
-        _PS + "GetModelMetadata",
-        tfs_pb2.GetModelMetadataRequest,
-        tfs_pb2.GetModelMetadataResponse,
-    ),
-    "GetModelStatus": (
-        "/tensorflow.serving.ModelService/GetModelStatus",
-        tfs_pb2.GetModelStatusRequest,
-        tfs_pb2.GetModelStatusResponse,
-    ),
-    # a Predict on a PS's ``stream_position`` signature; its own name in the backend call metrics (polls, not reads)
-    "StreamPosition": (_PS + "Predict", tfs_pb2.PredictRequest, tfs_pb2.PredictResponse),
-}
 
 
 class CallObserver(Protocol):
@@ -52,12 +34,9 @@ class BackendClient:
     def __init__(self, target: str, channel: grpc.aio.Channel, observe: CallObserver = _no_observer) -> None:
         self.target = target
         self._observe = observe
-        self._stubs: dict[str, Callable[..., Any]] = {
-            name: channel.unary_unary(
-                path, request_serializer=req.SerializeToString, response_deserializer=resp.FromString
-            )
-            for name, (path, req, resp) in _METHODS.items()
-        }
+        self._stubs: dict[str, Callable[..., Any]] = {name: stub(channel, name) for name in METHODS}
+        # a Predict on a PS's ``stream_position`` signature, under its own name in the backend call metrics
+        self._stubs["StreamPosition"] = self._stubs["Predict"]
 
     async def _call(self, method: str, request: Any, deadline: float) -> Any:
         timeout = deadline - time.monotonic()

@@ -70,12 +70,12 @@ def lookup(
     target: str, served_name: str, manifest: Manifest, table: str, ids: npt.ArrayLike
 ) -> npt.NDArray[np.float32]:
     """Rows of ``ids`` in ``table`` via the PS ``lookup`` signature (every other table gets an empty id list)."""
-    from updater.apply import tensor_proto
+    from schemas.tensors import from_ndarray
 
     req = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name=served_name, signature_name="lookup"))
     for t in manifest.tables:
         arr = np.asarray(ids if t.name == table else [], dtype=np.int64).reshape(-1)
-        req.inputs[lookup_ids_input(t.name)].CopyFrom(tensor_proto(arr))
+        req.inputs[lookup_ids_input(t.name)].CopyFrom(from_ndarray(arr))
     with grpc.insecure_channel(target) as ch:
         call = ch.unary_unary(
             _PREDICT,
