@@ -32,8 +32,8 @@ from schemas.manifest import (
 )
 from schemas.proto import tfs_pb2
 from schemas.tensors import TensorError, from_ndarray, to_ndarray
-from schemas.tfserving_client import ChannelConfig, channel_credentials, open_channel, stub
 from schemas.tls import BackendTLS
+from tfs_grpc.channels import ChannelConfig, channel_credentials, open_channel, stub
 from updater.errors import ApplyError, ShardUnavailable, error_from_grpc
 from updater.replicas import Replica
 

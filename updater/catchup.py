@@ -228,7 +228,11 @@ class CatchUpTasks:
             return
         topic, _, part = key.rpartition(":")
         log.warning(
-            "%s is behind on %s (position %d): replaying it alone up to offset %d", _name(replica), key, had, end
+            "%s is behind on %s (position %d): replaying it alone up to offset %d",
+            _name(replica),
+            key,
+            had,
+            end,
         )
         self._metrics.catchups.labels(replica.model, str(replica.shard)).inc()
         task = asyncio.create_task(
@@ -256,7 +260,9 @@ class CatchUpTasks:
         if task.cancelled():
             return
         if (exc := task.exception()) is not None:
-            log.error("catch-up of %s on %s failed: %r; it is retried on the next write", _name(k[0]), k[1], exc)
+            log.error(
+                "catch-up of %s on %s failed: %r; it is retried on the next write", _name(k[0]), k[1], exc
+            )
             book.abandon(*k)
 
     def cancel(self) -> None:

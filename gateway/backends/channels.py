@@ -1,4 +1,4 @@
-"""The gateway's backend channels: :mod:`schemas.tfserving_client` configured from the ``grpc`` settings.
+"""The gateway's backend channels: :mod:`tfs_grpc.channels` configured from the ``grpc`` settings.
 
 One ``grpc.aio`` channel per backend target, with keepalive, gRPC retries and the configured message-size limits,
 plain or TLS. Channels must be opened inside the running event loop (the app lifespan does it) and closed there. With
@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import grpc
 
-from schemas import tfserving_client
 from schemas.gateway_settings import GrpcSettings
-from schemas.tfserving_client import channel_credentials
 from schemas.tls import BackendTLS
+from tfs_grpc import channels as tfs
+from tfs_grpc.channels import channel_credentials
 
 __all__ = ["channel_config", "channel_credentials", "open_channel"]
 
 
-def channel_config(cfg: GrpcSettings) -> tfserving_client.ChannelConfig:
-    return tfserving_client.ChannelConfig(
+def channel_config(cfg: GrpcSettings) -> tfs.ChannelConfig:
+    return tfs.ChannelConfig(
         max_send_message_bytes=cfg.max_send_message_bytes,
         max_receive_message_bytes=cfg.max_receive_message_bytes,
         keepalive_time_s=cfg.keepalive_time_s,
@@ -37,4 +37,4 @@ def open_channel(
 ) -> grpc.aio.Channel:
     """An aio channel to ``host:port``: insecure when ``tls`` is None, else TLS with ``credentials`` (built once
     by the caller with :func:`channel_credentials`, or here). Connects lazily (first call or readiness probe)."""
-    return tfserving_client.open_channel(target, channel_config(cfg), tls, credentials)
+    return tfs.open_channel(target, channel_config(cfg), tls, credentials)

@@ -15,7 +15,7 @@ import grpc
 from gateway.backends.errors import map_grpc_errors
 from gateway.errors import Code, DeadlineExceeded, GatewayError, Unavailable
 from schemas.proto import tfs_pb2
-from schemas.tfserving_client import METHODS, stub
+from tfs_grpc.channels import METHODS, stub
 
 __all__ = ["BackendClient", "CallObserver", "ReplicaSet"]
 

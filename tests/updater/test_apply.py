@@ -1,7 +1,7 @@
 """updater.apply.ShardWriter against fake PS replicas: real gRPC servers on 127.0.0.1 that record what they get.
 
 A group counts as written only when every replica of its shard acknowledged it; the request bytes go through the
-shared channel/stub factory (schemas.tfserving_client) and tensor codec (schemas.tensors)."""
+shared channel/stub factory (tfs_grpc.channels) and tensor codec (schemas.tensors)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 from schemas.deployment import EmbeddingModel
 from schemas.proto import tfs_pb2
 from schemas.tensors import from_ndarray, to_ndarray
-from schemas.tfserving_client import METHODS
 from tests.support.ports import free_port
+from tfs_grpc.channels import METHODS
 from updater.apply import GroupKey, ShardWriter, WriteGroup
 from updater.batch import Chunk, coalesce
 from updater.errors import ApplyRejected, ShardUnavailable

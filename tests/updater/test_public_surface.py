@@ -36,7 +36,7 @@ SURFACE = {
         "from_ndarray",
         "to_ndarray",
     },
-    "schemas.tfserving_client": {
+    "tfs_grpc.channels": {
         "METHODS",
         "ChannelConfig",
         "channel_credentials",

@@ -1,4 +1,4 @@
-"""schemas.tfserving_client: the one channel/stub factory of the gateway and the updater, against a real gRPC server
+"""tfs_grpc.channels: the one channel/stub factory of the gateway and the updater, against a real gRPC server
 on 127.0.0.1."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import grpc.aio
 import pytest
 
 from schemas.proto import tfs_pb2
-from schemas.tfserving_client import METHODS, ChannelConfig, channel_options, open_channel, stub
 from schemas.tls import BackendTLS
 from tests.support.ports import free_port
+from tfs_grpc.channels import METHODS, ChannelConfig, channel_options, open_channel, stub
 
 
 def test_options_follow_the_config() -> None:
