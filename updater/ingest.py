@@ -3,9 +3,9 @@
 :class:`RecordDecoder` turns one Kafka record into an :class:`schemas.deltas.EmbeddingDelta`: binary/JSON deltas on
 the delta topics, HPS records on ``hps_et.*`` topics (beacons decode to None and are skipped). It raises
 :class:`schemas.deltas.DeltaError` (the loop dead-letters the record with its ``reason``) for a malformed message,
-an ``unknown_model``, a table or dimension the manifest lacks, or a record outside the partition of its shard
-(``wrong_partition``: shard ``s`` belongs in partition ``s % P``; elsewhere it could overtake, or be overtaken by,
-the shard's other messages). :meth:`RecordDecoder.group` splits a batch of records into one
+an ``unknown_model``, a table or dimension the manifest lacks, or an unversioned record outside the partition of its
+shard (``wrong_partition``: shard ``s`` belongs in partition ``s % P``; elsewhere only a row version orders it against
+the shard's other messages, so a versioned one is applied and counted as misplaced). :meth:`RecordDecoder.group` splits a batch of records into one
 :class:`updater.batch.GroupBuffer` per (model, shard, table), rows in arrival order.
 """
 
@@ -87,7 +87,7 @@ class RecordDecoder:
             )
         check_against_manifest(delta, route.manifest)
         shards = _shards(delta, route.manifest.num_shards)
-        self._check_partition(rec, delta, shards)
+        self._check_partition(rec, delta, shards, count)
         if count:
             self._metrics.messages.labels(kind).inc()
         return delta, shards
@@ -119,19 +119,31 @@ class RecordDecoder:
                 buf.add(ids, values, delta.timestamp_ms, rec, delta.sequence)
         return list(groups.values()), invalid
 
-    def _check_partition(self, rec: Record, delta: EmbeddingDelta, shards: list[int]) -> None:
+    def _check_partition(self, rec: Record, delta: EmbeddingDelta, shards: list[int], count: bool) -> None:
+        """A record outside the partition of its shard (``s % P``), as a producer that hashes or scatters its keys
+        writes it, is applied when its rows are versioned (``timestamp_ms`` > 0): newest-wins per row makes the
+        order of two partitions irrelevant, and the replica records its position on that partition too (counted in
+        ``embedgate_updater_misplaced_messages_total``). An unversioned one (``timestamp_ms`` 0) is ordered only by
+        its partition's log, so it could overtake, or be overtaken by, the shard's other messages: ``wrong_partition``.
+        """
         partitions = self._partitions_for_topic(rec.topic)
         if not partitions:
             return  # no metadata (cannot happen for an assigned partition): nothing to check against
-        count = len(partitions)
-        wrong = [sh for sh in shards if shard_partition(sh, count) != rec.partition]
-        if wrong:
-            raise DeltaError(
-                "wrong_partition",
-                f"rows of {delta.model} shard {wrong[0]} belong in partition "
-                f"{shard_partition(wrong[0], count)} of {count} ({rec.topic}), found in partition {rec.partition}; "
-                "producers must send shard s to partition s % partitions",
-            )
+        n_partitions = len(partitions)
+        wrong = [sh for sh in shards if shard_partition(sh, n_partitions) != rec.partition]
+        if not wrong:
+            return
+        if delta.timestamp_ms > 0:
+            if count:
+                self._metrics.misplaced.labels(delta.model).inc()
+            return
+        raise DeltaError(
+            "wrong_partition",
+            f"rows of {delta.model} shard {wrong[0]} belong in partition "
+            f"{shard_partition(wrong[0], n_partitions)} of {n_partitions} ({rec.topic}), found in partition {rec.partition}, "
+            "without a timestamp_ms to order them by; producers must send shard s to partition s % partitions "
+            "or version their rows",
+        )
 
 
 def _shards(delta: EmbeddingDelta, num_shards: int) -> list[int]:

@@ -8,6 +8,8 @@ metric                                           type       labels / meaning
 ``embedgate_updater_apply_latency_seconds``      histogram  model: one group written to all replicas
 ``embedgate_updater_freshness_seconds``          histogram  model: producer timestamp -> applied on all replicas
 ``embedgate_updater_dead_letters_total``         counter    reason: messages sent to the dead-letter topic
+``embedgate_updater_misplaced_messages_total``   counter    model: versioned messages applied from a partition other
+                                                            than their shard's (``s % P``)
 ``embedgate_updater_apply_failures_total``       counter    model, shard, retriable: failed group writes
 ``embedgate_updater_paused_partitions``          gauge      partitions paused while a shard is down
 ``embedgate_updater_messages_total``             counter    kind (delta, hps, beacon, invalid)
@@ -62,6 +64,12 @@ class UpdaterMetrics:
         )
         self.dead_letters = Counter(
             p + "dead_letters", "Messages sent to the dead-letter topic", ["reason"], registry=r
+        )
+        self.misplaced = Counter(
+            p + "misplaced_messages",
+            "Versioned messages applied from a partition other than their shard's (s % partitions)",
+            ["model"],
+            registry=r,
         )
         self.catchups = Counter(
             p + "replica_catchups",

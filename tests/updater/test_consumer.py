@@ -145,9 +145,11 @@ async def test_hps_messages_are_applied(kafka: Broker, ps_cluster: PsCluster, un
 
 
 # -- dead letters ------------------------------------------------------------------------------------------------------
-def _delta(ids: list[int], values: Any, *, model: str = "emb", table: str = "item") -> EmbeddingDelta:
+def _delta(
+    ids: list[int], values: Any, *, model: str = "emb", table: str = "item", ts: int = 1
+) -> EmbeddingDelta:
     return EmbeddingDelta(
-        model=model, table=table, op="upsert", ids=ids, values=np.asarray(values, np.float32), timestamp_ms=1
+        model=model, table=table, op="upsert", ids=ids, values=np.asarray(values, np.float32), timestamp_ms=ts
     )
 
 
@@ -160,7 +162,7 @@ async def test_bad_messages_go_to_the_dead_letter_topic(
     good2 = _delta([3000, 3004], [[5, 5, 5, 5], [6, 6, 6, 6]])
     nan_ok = _delta([3008], [[np.nan, 1, 2]], table="user")  # the user table allows NaN
     bad_ids = [3011, 3012]
-    assert (shard_for(np.array([3000, 3003, 3004, 3008, *bad_ids, 3013]), 2) == 0).all()
+    assert (shard_for(np.array([3000, 3003, 3004, 3008, *bad_ids, 3013, 3014]), 2) == 0).all()
     valid = encode_delta(_delta(bad_ids, [[9, 9, 9, 9], [9, 9, 9, 9]]))
     bad: list[tuple[str, bytes]] = [
         ("bad_magic", b"NOPE" + valid[4:]),
@@ -175,8 +177,10 @@ async def test_bad_messages_go_to_the_dead_letter_topic(
             b'{"model": "emb", "table": "item", "op": "upsert", "ids": ["x"], "timestamp_ms": 1}',
         ),
     ]
-    # a valid message in the wrong partition: what a producer hashing the key (librdkafka's default) can do
-    misplaced = encode_delta(_delta([3013], [[7, 7, 7, 7]]))
+    # a valid message in the wrong partition, what a producer hashing the key (librdkafka's default) can do: without
+    # a timestamp only log order could place it (dead-lettered); with one, its version does (applied)
+    misplaced = encode_delta(_delta([3013], [[7, 7, 7, 7]], ts=0))
+    misplaced_versioned = encode_delta(_delta([3014], [[8, 8, 8, 8]], ts=2))
     key = message_key("emb", 0)  # all in partition 0: the good ones behind the bad ones must still pass
     topic = s["topics"][0]
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, enable_idempotence=True, acks="all")
@@ -186,6 +190,7 @@ async def test_bad_messages_go_to_the_dead_letter_topic(
         for _, raw in bad:
             await producer.send_and_wait(topic, raw, key=key, partition=0)
         await producer.send_and_wait(topic, misplaced, key=key, partition=1)
+        await producer.send_and_wait(topic, misplaced_versioned, key=key, partition=1)
         await producer.send_and_wait(topic, encode_delta_json(good2), key=key, partition=0)
         await producer.send_and_wait(topic, encode_delta(nan_ok), key=key, partition=0)
     finally:
@@ -203,6 +208,13 @@ async def test_bad_messages_go_to_the_dead_letter_topic(
             return _sample(upd, "embedgate_updater_dead_letters_total", {"reason": "wrong_partition"}) == 1
 
         await eventually(all_dead, what="the misplaced message dead-lettered")
+
+        async def versioned_applied() -> bool:
+            views = await _rows(ps_cluster, "item", np.array([3014]))
+            return all(np.array_equal(v, [[8, 8, 8, 8]]) for v in views)
+
+        await eventually(versioned_applied, what="the versioned misplaced message applied")
+        assert _sample(upd, "embedgate_updater_misplaced_messages_total", {"model": "emb"}) == 1
         user = (await _rows(ps_cluster, "user", np.array([3008])))[0]
         assert np.isnan(user[0, 0]) and user[0, 1:].tolist() == [1, 2]
         for view in await _rows(ps_cluster, "item", np.array([*bad_ids, 3013])):

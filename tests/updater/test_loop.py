@@ -237,12 +237,23 @@ async def test_invalid_message_is_dead_lettered_with_its_reason() -> None:
     await rig.close()
 
 
-async def test_record_in_the_wrong_partition_is_dead_lettered() -> None:
+async def test_unversioned_record_in_the_wrong_partition_is_dead_lettered() -> None:
     rig = Rig(FakeClient())
-    rig.client.feed(delta_record(1, 0, S0[:1]))  # shard 0 belongs in partition 0 of 2
+    rig.client.feed(delta_record(1, 0, S0[:1], ts=0))  # shard 0 belongs in partition 0 of 2
     await rig.until(lambda: rig.client.last_commit(1) == 1, "committed")
     assert [h["embedgate.reason"] for _, _, h in rig.producer.sent] == [b"wrong_partition"]
     assert rig.writer.calls == []
+    await rig.close()
+
+
+async def test_versioned_record_in_the_wrong_partition_is_applied_and_counted() -> None:
+    rig = Rig(FakeClient())
+    rig.client.feed(delta_record(1, 0, S0[:1], ts=5))  # shard 0's rows in partition 1: ordered by their version
+    await rig.until(lambda: rig.client.last_commit(1) == 1, "committed")
+    assert rig.producer.sent == []
+    assert len(rig.writer.acked) == 1
+    misplaced = [s.value for m in rig.metrics.misplaced.collect() for s in m.samples if s.name.endswith("_total")]
+    assert misplaced == [1.0]
     await rig.close()
 
 

@@ -4,18 +4,25 @@ shards evenly (real broker, real serve-local replicas)."""
 from __future__ import annotations
 
 import contextlib
+import zlib
 
 import numpy as np
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from schemas.deltas import decode_delta, delta_topic, shard_partition
+from schemas.deltas import (
+    EmbeddingDelta,
+    decode_delta,
+    delta_topic,
+    encode_delta,
+    shard_partition,
+)
 from schemas.partition import shard_for
 from tests.support.kafka import Broker
 from tests.updater.conftest import PsCluster
 from tests.updater.harness import eventually, running, updater_settings
 from updater.consumer import Updater
-from updater.producer import DeltaPublisher
+from updater.producer import DeltaPublisher, message_key
 
 
 def test_shard_partition_is_shard_mod_partitions() -> None:
@@ -98,3 +105,61 @@ async def test_two_updaters_in_one_group_split_the_shards_evenly(
             assert applied(upd) == int((shards == tp.partition).sum()), (
                 f"the owner of partition {tp.partition} applies exactly shard {tp.partition}'s rows"
             )
+
+
+@pytest.mark.integration
+async def test_a_hashing_or_scattering_producer_converges_key_by_key(
+    kafka: Broker, ps_cluster: PsCluster, unique: str
+) -> None:
+    """Messages published as non-Java producers do: partition = CRC32(key) % P (librdkafka's default for a keyed
+    message) or any partition (a keyless producer). Shards' messages spread over partitions they do not belong in and
+    versions arrive out of log order; every row is versioned, so each key ends at its newest version (deletes
+    included) on every replica, nothing is dead-lettered."""
+    from tests.updater.test_consumer import DEFAULT, _rows, _sample
+
+    s = updater_settings(kafka, ps_cluster, unique)  # 4 partitions, 2 shards
+    topic = s["topics"][0]
+    rng = np.random.default_rng(7)
+    ids = np.arange(77_000, 77_120, dtype=np.int64)
+    shards = shard_for(ids, 2)
+    messages: list[tuple[int, bytes, bytes]] = []  # (partition, key, value)
+    newest: dict[int, np.ndarray | None] = {}
+    for i, id_ in enumerate(ids.tolist()):
+        key = message_key("emb", int(shards[i]))
+        versions = list(range(3))
+        rng.shuffle(versions)  # published out of version order
+        for v in versions:
+            ts = 1_000 + v
+            deleted = v == 2 and i % 5 == 0  # some keys end deleted
+            if deleted:
+                delta = EmbeddingDelta(model="emb", table="item", op="delete", ids=[id_], timestamp_ms=ts)
+            else:
+                row = np.full((1, 4), id_ + v / 10, np.float32)
+                delta = EmbeddingDelta(
+                    model="emb", table="item", op="upsert", ids=[id_], values=row, timestamp_ms=ts
+                )
+            if v == 2:
+                newest[id_] = None if deleted else np.full(4, id_ + v / 10, np.float32)
+            partition = zlib.crc32(key) % 4 if i % 2 == 0 else int(rng.integers(4))
+            messages.append((partition, key, encode_delta(delta)))
+    placed = [shard_partition(int(k.decode().rsplit("/", 1)[1]), 4) for _, k, _ in messages]
+    assert sum(p != want for (p, _, _), want in zip(messages, placed, strict=True)) > len(messages) // 2
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, enable_idempotence=True, acks="all")
+    await producer.start()
+    try:
+        for partition, key, value in messages:
+            await producer.send(topic, value, key=key, partition=partition)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    expected = np.stack(
+        [np.full(4, DEFAULT, np.float32) if newest[i] is None else newest[i] for i in ids.tolist()]
+    )
+    async with running(s) as upd:
+
+        async def converged() -> bool:
+            return all(np.array_equal(view, expected) for view in await _rows(ps_cluster, "item", ids))
+
+        await eventually(converged, what="every key at its newest version on every replica")
+        assert _sample(upd, "embedgate_updater_misplaced_messages_total", {"model": "emb"}) > 0
+        assert _sample(upd, "embedgate_updater_dead_letters_total", {"reason": "wrong_partition"}) == 0
