@@ -539,7 +539,7 @@ def _summary(soak: Soak, result: dict[str, Any], verdicts: list[MemoryVerdict], 
             rows.append((f"{name} error", f"{count}x `{what}`"))
     rows += [("wrong key", ex) for ex in result["examples"]]
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    head = f"Run {when} on the shared 2-core development machine (other jobs running): {command}.\n\n"
+    head = f"`make soak` run {when} on the shared 2-core development machine (other jobs running): {command}.\n\n"
     return head + "| check | result |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
 
 
@@ -582,9 +582,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--warmup", type=float, default=0.2, help="fraction of the run (at least 30 s) not judged for RSS"
     )
-    p.add_argument("--rss-slack-mb", type=float, default=32.0, help="allowed RSS growth in MB ...")
+    p.add_argument("--rss-slack-mb", type=float, default=16.0, help="allowed RSS growth in MB ...")
     p.add_argument(
-        "--rss-slack-ratio", type=float, default=0.05, help="... or this fraction of the RSS, if larger"
+        "--rss-slack-ratio", type=float, default=0.02, help="... or this fraction of the RSS, if larger"
     )
     p.add_argument("--settle-timeout", type=float, default=120.0, help="seconds to wait for the final state")
     p.add_argument("--seed", type=int, default=1)
