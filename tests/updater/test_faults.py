@@ -101,6 +101,7 @@ class AckedPublisher:
             await self._pub.stop()
 
 
+@pytest.mark.timeout(600)  # a broker restart plus catching up; every wait inside is bounded on its own
 async def test_broker_sigkilled_and_restarted_on_its_data_mid_stream_loses_nothing(
     ps_cluster: PsCluster, unique: str, tmp_path: Path
 ) -> None:
@@ -149,7 +150,9 @@ async def test_broker_sigkilled_and_restarted_on_its_data_mid_stream_loses_nothi
                     spans.append((t0, time.monotonic()))
                     if j == 12:
                         await eventually(
-                            lambda: applied_step(8), what="the updater applying before the crash"
+                            lambda: applied_step(8),
+                            timeout_s=90,
+                            what="the updater applying before the crash",
                         )
                         crash = asyncio.create_task(crash_and_restart(broker))
                     await asyncio.sleep(0.05)
@@ -164,7 +167,7 @@ async def test_broker_sigkilled_and_restarted_on_its_data_mid_stream_loses_nothi
 
             assert outage["killed_status"] == -signal.SIGKILL
             assert broker.restarts == 1
-            in_flight = [s for s in spans if s[0] < outage["back_at"] and s[1] > outage["killed_at"]]
+            in_flight = [sp for sp in spans if sp[0] < outage["back_at"] and sp[1] > outage["killed_at"]]
             assert in_flight, "no publish was in flight while the broker was down: the test missed the crash"
             want = np.array([expected.get(k) or [DEFAULT] * 4 for k in keys.tolist()], np.float32)
 
