@@ -7,7 +7,7 @@ CACHE := $(CURDIR)/.cache
 export PIP_CACHE_DIR := $(CACHE)/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install kafka-jars deploy-tools bench-tools browser hey lint test run stop protos bench clean
+.PHONY: install kafka-jars deploy-tools bench-tools browser hey lint test run stop protos bench soak clean
 
 install: $(STAMP)
 
@@ -80,6 +80,12 @@ $(GOBIN_DIR)/hey:
 
 bench: install kafka-jars bench-tools hey
 	$(PY) -m benchmarks.run
+
+# A bounded soak of the whole stack (about 5 minutes; not part of `make test`): predicts + updates, a PS replica
+# SIGKILLed and restarted, then every key checked on every replica and RSS growth judged; docs/reliability.md "Soak".
+# SOAK_ARGS passes flags, e.g. `make soak SOAK_ARGS="--duration 600 --write"`.
+soak: install kafka-jars
+	$(PY) -m benchmarks.soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

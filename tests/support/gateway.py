@@ -104,21 +104,13 @@ def serve_exported(model_dir: Path, workdir: Path) -> Iterator[tuple[GatewayProc
     """
     import yaml
 
-    from schemas.manifest import Manifest, entry_model_name, ps_dir_name, ps_model_name
+    from schemas.manifest import Manifest
     from tests.support.servers import serve_local
+    from tests.support.stack import embedding_model, exported_backends
 
-    manifest = Manifest.load(model_dir)
-    name = manifest.model_name
-    backends = {entry_model_name(name): model_dir / "entry"}
-    backends |= {ps_model_name(name, i): model_dir / ps_dir_name(i) for i in range(manifest.num_shards)}
-    with serve_local(backends) as server:
-        model = {
-            "kind": "embedding",
-            "name": name,
-            "manifest": str(model_dir),
-            "entry": server.target,
-            "shards": [{"replicas": [server.target]} for _ in range(manifest.num_shards)],
-        }
+    shards = Manifest.load(model_dir).num_shards
+    with serve_local(exported_backends(model_dir)) as server:
+        model = embedding_model(model_dir, entry=server.target, shards=[[server.target]] * shards)
         cfg = workdir / "gateway.yaml"
         cfg.write_text(yaml.safe_dump({"models": [model]}))
         port = free_port()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
-from schemas.manifest import FeatureKind, entry_model_name, ps_dir_name, ps_model_name
+from schemas.manifest import FeatureKind
 from tests.support.kafka import Broker
 from tests.updater.harness import running, updater_settings
 from updater.producer import DeltaPublisher
@@ -59,12 +59,11 @@ async def test_cached_row_reflects_a_published_delta_on_the_next_predict(
 ) -> None:
     from tests.support.gateway import run_gateway
     from tests.support.servers import serve_local
+    from tests.support.stack import embedding_model, exported_backends
 
     manifest = demo_artifacts.manifest
     name = manifest.model_name
-    served = {entry_model_name(name): demo_artifacts.model_dir / "entry"}
-    for i in range(manifest.num_shards):
-        served[ps_model_name(name, i)] = demo_artifacts.model_dir / ps_dir_name(i)
+    served = exported_backends(demo_artifacts.model_dir)
     feature = next(f for f in manifest.sparse_features if f.kind is FeatureKind.SINGLE)
     table = manifest.table(feature.table)
     instance = dict(demo_artifacts.instances[0])
@@ -73,13 +72,9 @@ async def test_cached_row_reflects_a_published_delta_on_the_next_predict(
 
     with contextlib.ExitStack() as stack:
         server = await asyncio.to_thread(stack.enter_context, serve_local(served))
-        model = {
-            "kind": "embedding",
-            "name": name,
-            "manifest": str(demo_artifacts.model_dir),
-            "entry": server.target,
-            "shards": [{"replicas": [server.target]} for _ in range(manifest.num_shards)],
-        }
+        model = embedding_model(
+            demo_artifacts.model_dir, entry=server.target, shards=[[server.target]] * manifest.num_shards
+        )
         s = updater_settings(kafka, None, unique, models=[model])  # type: ignore[arg-type]
         cache = {
             "max_bytes": 1 << 20,

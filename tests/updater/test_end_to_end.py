@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from schemas.manifest import FeatureKind, entry_model_name, ps_dir_name, ps_model_name
+from schemas.manifest import FeatureKind
 from tests.support.kafka import Broker
 from tests.updater.harness import running, updater_settings
 from updater.producer import DeltaPublisher
@@ -40,12 +40,11 @@ async def test_published_embedding_changes_gateway_prediction(
 ) -> None:
     from tests.support.gateway import run_gateway
     from tests.support.servers import serve_local
+    from tests.support.stack import embedding_model, exported_backends
 
     manifest = demo_artifacts.manifest
     name = manifest.model_name
-    served = {entry_model_name(name): demo_artifacts.model_dir / "entry"}
-    for i in range(manifest.num_shards):
-        served[ps_model_name(name, i)] = demo_artifacts.model_dir / ps_dir_name(i)
+    served = exported_backends(demo_artifacts.model_dir)
     feature = next(f for f in manifest.sparse_features if f.kind is FeatureKind.SINGLE)
     table = manifest.table(feature.table)
     instance = dict(demo_artifacts.instances[0])
@@ -54,13 +53,9 @@ async def test_published_embedding_changes_gateway_prediction(
 
     with contextlib.ExitStack() as stack:
         server = await asyncio.to_thread(stack.enter_context, serve_local(served))
-        model = {
-            "kind": "embedding",
-            "name": name,
-            "manifest": str(demo_artifacts.model_dir),
-            "entry": server.target,
-            "shards": [{"replicas": [server.target]} for _ in range(manifest.num_shards)],
-        }
+        model = embedding_model(
+            demo_artifacts.model_dir, entry=server.target, shards=[[server.target]] * manifest.num_shards
+        )
         cfg = tmp_path / "gateway.yaml"
         cfg.write_text(yaml.safe_dump({"models": [model]}))
         gw = await asyncio.to_thread(stack.enter_context, run_gateway(cfg))

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from schemas.manifest import FeatureKind, entry_model_name, ps_dir_name, ps_model_name
+from schemas.manifest import FeatureKind, ps_model_name
 from schemas.partition import shard_for
 from schemas.tls import KafkaSecurity, TLSFileError
 from tests.support.certs import TlsFiles, client_context, make_certs, ssl_config_text
@@ -300,12 +300,11 @@ async def test_secured_write_path_end_to_end(
     client without a certificate cannot write to the PS."""
     from tests.support.gateway import run_gateway
     from tests.support.servers import serve_local
+    from tests.support.stack import embedding_model, exported_backends
 
     manifest = demo_artifacts.manifest
     name = manifest.model_name
-    served = {entry_model_name(name): demo_artifacts.model_dir / "entry"}
-    for i in range(manifest.num_shards):
-        served[ps_model_name(name, i)] = demo_artifacts.model_dir / ps_dir_name(i)
+    served = exported_backends(demo_artifacts.model_dir)
     feature = next(f for f in manifest.sparse_features if f.kind is FeatureKind.SINGLE)
     table = manifest.table(feature.table)
     instance = dict(demo_artifacts.instances[0])
@@ -327,13 +326,9 @@ async def test_secured_write_path_end_to_end(
             stack.enter_context,
             serve_local(served, extra_args=[f"--ssl_config_file={ssl_file}"], credentials=creds),
         )
-        model = {
-            "kind": "embedding",
-            "name": name,
-            "manifest": str(demo_artifacts.model_dir),
-            "entry": server.target,
-            "shards": [{"replicas": [server.target]} for _ in range(manifest.num_shards)],
-        }
+        model = embedding_model(
+            demo_artifacts.model_dir, entry=server.target, shards=[[server.target]] * manifest.num_shards
+        )
         cfg = tmp_path / "gateway.yaml"
         rest_tls = {
             "cert_file": str(certs.server_cert),
