@@ -189,6 +189,29 @@ def _rows_applied(url: str) -> float:
     )
 
 
+@contextlib.contextmanager
+def _profiled(pid: int, path: Path | None) -> Iterator[None]:
+    """py-spy (``.venv/bin/py-spy``) samples ``pid`` while the block runs; collapsed stacks to ``path``."""
+    if path is None:
+        yield
+        return
+    spy = Path(_python()).parent / "py-spy"
+    cmd = [str(spy), "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--nonblocking"]
+    proc = subprocess.Popen(
+        [*cmd, "--output", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        time.sleep(0.5)  # attached
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 # -- load processes ---------------------------------------------------------------------------------------------
 async def _load(args: list[str], timeout_s: float) -> list[dict[str, Any]]:
     """Run ``benchmarks.updater_load`` with ``args`` to its end; its JSON lines."""
@@ -468,6 +491,13 @@ async def _sustain(ctx: _Ctx, rate: float, index: int) -> dict[str, Any]:
     }
 
 
+def _profile_path(args: argparse.Namespace, name: str, wanted: bool = True) -> Path | None:
+    if args.profile is None or not wanted:
+        return None
+    args.profile.mkdir(parents=True, exist_ok=True)
+    return Path(args.profile) / f"{name}.txt"
+
+
 def _summary(runs: list[dict[str, float]], key: str) -> dict[str, float]:
     vals = sorted(r[key] for r in runs)
     return {"median": statistics.median(vals), "min": vals[0], "max": vals[-1]}
@@ -503,7 +533,8 @@ async def _measure(
                 order = names[r % 3 :] + names[: r % 3]  # rotated: no phase always runs first
                 for i, name in enumerate(order):
                     first = 10_000_000 * (r + 1) + 3_000_000 * i
-                    res[name] = await phases[name](ctx, first)
+                    with _profiled(upd.proc.pid, _profile_path(args, f"{name}-{r}", name != "baseline")):
+                        res[name] = await phases[name](ctx, first)
                 for name in ("drain", "publish_applied"):
                     res[name]["ratio"] = res[name]["rows_per_s"] / res["baseline"]["rows_per_s"]
                 rounds.append(res)
@@ -513,7 +544,8 @@ async def _measure(
                     flush=True,
                 )
             for i, rate in enumerate(args.rates):
-                one = await _sustain(ctx, rate, i)
+                with _profiled(upd.proc.pid, _profile_path(args, f"sustain-{rate:.0f}")):
+                    one = await _sustain(ctx, rate, i)
                 sustained.append(one)
                 print(
                     f"sustain {rate:,.0f} rows/s: achieved {one['achieved_rows_per_s']:,.0f}, "
@@ -657,6 +689,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sustain-seconds", type=float, default=8.0, help="each sustained rate (max 60)")
     ap.add_argument("--timeout", type=float, default=120.0, help="limit of each measured phase, seconds")
     ap.add_argument("--write", type=Path, default=None, help="rewrite this doc's updater_bench section")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="directory: py-spy profiles (collapsed stacks) of the updater during the drains and each rate",
+    )
     args = ap.parse_args(argv)
     if args.rows < 1 or args.dim < 1 or args.shards < 1 or args.publish_rows < 1:
         ap.error("--rows, --dim, --shards and --publish-rows must be positive")

@@ -526,7 +526,11 @@ def check_against_manifest(delta: EmbeddingDelta, manifest: Manifest) -> None:
                 "dim_mismatch",
                 f"table {delta.model}.{delta.table} has dim {spec.dim}, the delta has dim {delta.dim}",
             )
-        if not spec.allow_nan:
+        # one float32 sum (no temporary): NaN or Inf in any row makes it non-finite; only then (or on a rare
+        # overflow of finite rows) the exact, allocating check runs to name the row
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = np.add.reduce(delta.values, axis=None)
+        if not spec.allow_nan and not np.isfinite(total):
             finite = np.isfinite(delta.values)
             if not finite.all():
                 row = int(np.argwhere(~finite)[0][0])

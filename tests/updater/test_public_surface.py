@@ -50,6 +50,7 @@ SURFACE = {
     },
     "updater.metrics": {"UpdaterMetrics"},
     "updater.ledger": {"OffsetLedger"},
+    "updater.wire": {"predict_request"},
     "updater.scheduler": {"backoff_s"},
     "updater.replicas": {"NEVER", "PositionBook", "Replica"},
     "updater.catchup": {"catch_up"},
