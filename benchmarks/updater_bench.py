@@ -142,10 +142,12 @@ class _UpdaterProc:
 
 
 @contextlib.contextmanager
-def _run_updater(config: Path, log_path: Path, metrics_port: int) -> Iterator[_UpdaterProc]:
+def _run_updater(
+    config: Path, log_path: Path, metrics_port: int, extra_env: dict[str, str]
+) -> Iterator[_UpdaterProc]:
     cmd = [_python(), "-m", "embedgate", "updater", "--config", str(config)]
     # only the YAML counts: EMBEDGATE_* variables of the caller's shell would override it
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDGATE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDGATE_")} | extra_env
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd, cwd=_REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
@@ -683,6 +685,7 @@ def _command(args: argparse.Namespace) -> str:
         f"python -m benchmarks.updater_bench --rows {args.rows} --dim {args.dim} --shards {args.shards}"
         f" --repeat {args.repeat} --rates {','.join(f'{x:g}' for x in args.rates)}"
         f" --sustain-seconds {args.sustain_seconds:g} --sustain-rounds {args.sustain_rounds}"
+        + "".join(f" --updater-env {k}={v}" for k, v in args.updater_env)
     )
 
 
@@ -755,6 +758,15 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key or key.startswith("EMBEDGATE_"):
+        raise argparse.ArgumentTypeError(
+            "KEY=VALUE, not an EMBEDGATE_ setting (the YAML config is the only one)"
+        )
+    return key, value
+
+
 def _rates(text: str) -> list[float]:
     rates = [float(x) for x in text.split(",") if x.strip()]
     if not rates or any(r <= 0 or r > 1_000_000 for r in rates) or len(rates) > 8:
@@ -778,6 +790,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--timeout", type=float, default=120.0, help="limit of each measured phase, seconds")
     ap.add_argument("--write", type=Path, default=None, help="rewrite this doc's updater_bench section")
+    ap.add_argument(
+        "--updater-env",
+        type=_env_pair,
+        action="append",
+        default=[],
+        help="KEY=VALUE in the updater's environment only (repeatable), e.g. MALLOC_MMAP_THRESHOLD_=33554432",
+    )
     ap.add_argument(
         "--profile",
         type=Path,
@@ -833,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
             )
 
             def upd_factory() -> contextlib.AbstractContextManager[_UpdaterProc]:
-                return _run_updater(config, tmp / "updater.log", metrics_port)
+                return _run_updater(config, tmp / "updater.log", metrics_port, dict(args.updater_env))
 
             results = asyncio.run(
                 _measure(
