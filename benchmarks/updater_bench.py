@@ -204,6 +204,8 @@ def _profiled(pid: int, path: Path | None) -> Iterator[None]:
         yield
         return
     spy = Path(_python()).parent / "py-spy"
+    if not spy.exists():
+        raise RuntimeError(f"--profile needs py-spy at {spy}: .venv/bin/pip install py-spy")
     cmd = [str(spy), "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--nonblocking"]
     proc = subprocess.Popen(
         [*cmd, "--output", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
