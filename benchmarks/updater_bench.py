@@ -189,6 +189,21 @@ def _scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
     return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
 
 
+def _loop_counters(url: str) -> dict[str, float]:
+    """The updater's commits (one per loop iteration that applied something) and its apply-latency sum and count."""
+    want = {
+        "embedgate_updater_commits_total": "commits",
+        "embedgate_updater_apply_latency_seconds_sum": "apply_s",
+        "embedgate_updater_apply_latency_seconds_count": "groups",
+        "embedgate_updater_rows_applied_total": "rows",
+    }
+    out = dict.fromkeys(want.values(), 0.0)
+    for name, _labels, v in _scrape(url):
+        if name in want:
+            out[want[name]] += v
+    return out
+
+
 def _rows_applied(url: str) -> float:
     return sum(
         v
@@ -424,6 +439,7 @@ async def _drain(ctx: _Ctx, first_id: int) -> dict[str, float]:
     """The updater is stopped (SIGSTOP) while the rows are published, then continued; SIGCONT -> all applied.
     Publishing must take well under the group's session timeout (a warning says when it did not)."""
     before = await ctx.ps.row_count()
+    loop0 = await asyncio.to_thread(_loop_counters, ctx.upd.metrics_url)
     os.kill(ctx.upd.proc.pid, signal.SIGSTOP)
     try:
         (out,) = await _load(ctx.load_args("publish", first_id), ctx.args.timeout)
@@ -436,10 +452,26 @@ async def _drain(ctx: _Ctx, first_id: int) -> dict[str, float]:
     with _cpu({"updater": ctx.upd.proc.pid, "ps": ctx.ps_pid}, cpu, ctx.args.rows):
         t_done = await _wait_rows(ctx, before + ctx.args.rows)
     await _check_added(ctx, before, "drain")
+    await _wait_applied(ctx.upd, loop0["rows"] + ctx.args.rows, ctx.args.timeout)
+    await asyncio.sleep(0.2)  # the commit after the last write
+    loop1 = await asyncio.to_thread(_loop_counters, ctx.upd.metrics_url)
     seconds = t_done - t0
+    iterations = max(1.0, loop1["commits"] - loop0["commits"])
+    groups = max(1.0, loop1["groups"] - loop0["groups"])
     # share of the drain's wall time the updater was on a CPU (the rest it waited: PS writes, fetches, the OS)
     busy = cpu["updater_cpu_ms_per_10k"] * ctx.args.rows / 10_000 / 1000 / seconds
-    return {"seconds": seconds, "rows_per_s": ctx.args.rows / seconds, "updater_busy": busy, **cpu}
+    return {
+        "seconds": seconds,
+        "rows_per_s": ctx.args.rows / seconds,
+        "updater_busy": busy,
+        # the sequential loop: iterations (commits), wall time per iteration, mean write of one group (shards of
+        # an iteration are written concurrently)
+        "iterations": iterations,
+        "iteration_ms": seconds * 1000 / iterations,
+        "group_write_ms": (loop1["apply_s"] - loop0["apply_s"]) * 1000 / groups,
+        "groups_per_iteration": groups / iterations,
+        **cpu,
+    }
 
 
 async def _sustain(ctx: _Ctx, rate: float, index: int) -> dict[str, Any]:
@@ -649,7 +681,15 @@ def _report(args: argparse.Namespace, r: dict[str, Any], setup_s: float) -> dict
             "ratio_max": round(ratio["max"], 2),
         }
     for name in ("baseline", "drain", "publish_applied"):
-        for k in ("updater_cpu_ms_per_10k", "ps_cpu_ms_per_10k", "updater_busy"):
+        for k in (
+            "updater_cpu_ms_per_10k",
+            "ps_cpu_ms_per_10k",
+            "updater_busy",
+            "iterations",
+            "iteration_ms",
+            "group_write_ms",
+            "groups_per_iteration",
+        ):
             if k in rounds[0][name]:
                 out["throughput"][name][k] = round(statistics.median(x[name][k] for x in rounds), 2)
     pubs = sorted(x["publish_applied"]["publish_rows_per_s"] for x in rounds)
@@ -719,6 +759,12 @@ def _table(rep: dict[str, Any]) -> str:
             f"{p['ps_cpu_ms_per_10k']:.0f} ms |"
         ),
         f"| (c) publishing alone (`DeltaPublisher`, acks=all) | {tp['publish_only_rows_per_s']:,} | | |",
+        "",
+        (
+            f"Drain loop (medians): {d['iterations']:.0f} iterations of {d['iteration_ms']:.0f} ms, "
+            f"{d['groups_per_iteration']:.1f} group writes each (concurrent), {d['group_write_ms']:.0f} ms per group "
+            "write: the rest of an iteration is fetch (with its batch window), decode, coalesce, encode and commit."
+        ),
         "",
         "**Freshness under sustained load (probe rows: publish call → visible through PS `lookup`)**",
         "",

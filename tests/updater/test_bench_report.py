@@ -26,7 +26,15 @@ def _report() -> dict[str, object]:
         "rounds": 3,
         "throughput": {
             "baseline": {**tp, "ps_cpu_ms_per_10k": 20.0},
-            "drain": {**tp, **ratio, "updater_busy": 0.15},
+            "drain": {
+                **tp,
+                **ratio,
+                "updater_busy": 0.15,
+                "iterations": 12.0,
+                "iteration_ms": 90.0,
+                "group_write_ms": 60.0,
+                "groups_per_iteration": 2.0,
+            },
             "publish_applied": {**tp, **ratio},
             "publish_only_rows_per_s": 190_000,
         },
@@ -63,6 +71,7 @@ def test_write_replaces_its_section_and_keeps_the_others(tmp_path: Path) -> None
     assert "| 100,000 | 99,500 | 61 ms | 114 ms [114-120] |" in first
     assert "**no** (1 of 2 runs)" in first  # one run of two lost its bound: not reported as bounded
     assert "0.87x [0.5-1.8]" in first
+    assert "12 iterations of 90 ms, 2.0 group writes each (concurrent), 60 ms per group write" in first
     doc.write_text(first + "\nour reading after the table\n")
     updater_bench._write(_report(), doc)  # markers present: only the text between them changes
     assert doc.read_text() == first + "\nour reading after the table\n"
