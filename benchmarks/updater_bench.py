@@ -1,29 +1,45 @@
 """Streaming update path: Kafka → ``embedgate updater`` → PS throughput and freshness, vs direct gRPC upserts.
 
     .venv/bin/python -m benchmarks.updater_bench [--rows 200000] [--dim 64] [--shards 2] [--repeat 3]
+                                                 [--rates 10000,50000,100000,200000] [--sustain-seconds 8]
+                                                 [--sustain-rounds 2] [--write docs/benchmarks.md] [--profile DIR]
 
 Setup, all on 127.0.0.1 with free ports and bounded start-up waits: a real Kafka broker (``KafkaBroker`` in a temp
 dir), a PS-only model with one empty table ``t`` (``--dim``, ``--shards`` shards, written by the exporter's
 ``write_ps_shard`` in a subprocess) served by ``serve-local`` (one process, one replica per shard), and
-``embedgate updater --config <yaml>`` as a subprocess with default batching (metrics on a free port).
+``embedgate updater --config <yaml>`` as a subprocess with default batching (metrics on a free port). Load comes
+from ``benchmarks.updater_load`` subprocesses (their own interpreters); they report ``time.monotonic()`` stamps.
 
-1. **baseline**: ``--rows`` rows written straight to the PS with gRPC Predict ``upsert_t`` calls of
-   ``max_rows_per_call`` (16384, the updater's default) rows, shards concurrently, calls of one shard one after
-   another (what the updater's writer does; no Kafka, the updater idles meanwhile).
-2. **updater throughput**: as many rows published with ``DeltaPublisher`` in calls of ``--publish-rows`` rows; time
-   from the first publish until ``embedgate_updater_rows_applied_total`` counted every row (rows acknowledged by
-   every replica), then checked with the PS ``row_count`` signature.
-   **drain**: the same again while the updater is stopped (SIGSTOP to its pid), then continued (SIGCONT); time
-   from SIGCONT until every row is applied: the updater's own rate on a backlog, without waiting for the publisher.
-   Baseline, throughput and drain alternate for ``--repeat`` rounds, always on fresh ids (every row an insert);
-   the median round of each is printed with the range, and the ratios to the baseline's median.
-3. **freshness**: ``--fresh-rate`` single-row updates per second for ``--fresh-seconds``; each is timed from the
-   ``publish`` call to the row being visible through the PS ``lookup`` signature (polled every 5 ms). The
-   updater's own ``embedgate_updater_freshness_seconds`` histogram (producer timestamp → applied) over the same
-   updates is printed as bucket bounds.
+**Throughput**, ``--repeat`` rounds, the three phases of a round in a rotated order, each on fresh ids (every row an
+insert), each ``--rows`` rows (values from ``updater_load.values``, the same in every phase):
 
-Every loop is bounded in count and time (``--timeout`` per phase); the updater, serve-local and the broker are
-stopped (by pid) on every exit path.
+(a) **baseline**: direct gRPC Predict ``upsert_t`` calls of 16384 rows (the updater's ``max_rows_per_call``) from
+    their own process, shards concurrently (the updater idles);
+(b) **drain**: the rows published (``DeltaPublisher``, ``--publish-rows`` per call) while the updater is stopped
+    (SIGSTOP to its pid), then continued (SIGCONT); time from SIGCONT until the PS ``row_count``
+    (polled every 25 ms) counts every row: the updater's own rate on a backlog;
+(c) **publish → applied**: the same while the updater runs; time from the first publish call until every row is
+    applied (publisher, broker, updater and PS share the CPU).
+
+Every phase checks the PS ``row_count`` grew by exactly ``--rows``. Ratios (b)/(a) and (c)/(a) are taken per round;
+the median round and the min..max over rounds are reported.
+
+**Freshness under sustained load**, for each ``--rates`` value: ``updater_load sustain`` publishes that many rows/s
+for ``--sustain-seconds`` (20 ms ticks, ids cycling over 200 000 keys) with a probe row every 25 ms; this process
+polls the PS ``lookup`` signature every 10 ms for the probes not yet seen (one call per shard) and times each from
+its ``publish`` call to visible. Every rate runs ``--sustain-rounds`` times (rates interleaved). Reported per rate:
+achieved publish rate, probe p50 and p99 (the run with the median p99, and the range over runs), max, the p50 of the
+first and the last third of the probes, and the catch-up (last publish → every row applied, worst run). **Lag
+bounded** = the last third's p50 is within 0.25 s of the first third's and the catch-up is under 1 s; otherwise the
+updater fell behind.
+
+**CPU**: user + system CPU seconds (``/proc/<pid>/stat``) of the updater and of serve-local during each phase, per
+10 000 rows; for the drain also the share of its wall time the updater was on a CPU (the rest it waited for PS
+writes, Kafka or the OS scheduler). ``--profile DIR`` records py-spy stacks of the updater per phase (slows it).
+
+Every loop is bounded in count and time (``--timeout`` per phase); the updater, serve-local, the broker and the load
+processes are stopped (by pid) on every exit path. ``--write FILE`` rewrites the ``updater_bench`` section of
+``FILE`` (between its markers) with the tables; other sections are kept as they are.
 """
 
 from __future__ import annotations
@@ -47,7 +63,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["BEGIN", "END", "main"]
+
+BEGIN = "<!-- updater_bench:begin (generated by python -m benchmarks.updater_bench --write docs/benchmarks.md) -->"
+END = "<!-- updater_bench:end -->"
 
 _REPO = Path(__file__).resolve().parent.parent
 _PREDICT = "/tensorflow.serving.PredictionService/Predict"
@@ -57,8 +76,10 @@ _ROWS_PER_CALL = (
     16384  # UpdaterSettings.batch.max_rows_per_call default, used by the updater and the baseline
 )
 _START_TIMEOUT_S = 90.0
-_POLL_S = 0.02
+_POLL_S = 0.025
+_PROBE_POLL_S = 0.01
 _MAX_ROWS = 2_000_000
+_KEYS = 200_000
 
 
 def _python() -> str:
@@ -121,10 +142,12 @@ class _UpdaterProc:
 
 
 @contextlib.contextmanager
-def _run_updater(config: Path, log_path: Path, metrics_port: int) -> Iterator[_UpdaterProc]:
+def _run_updater(
+    config: Path, log_path: Path, metrics_port: int, extra_env: dict[str, str]
+) -> Iterator[_UpdaterProc]:
     cmd = [_python(), "-m", "embedgate", "updater", "--config", str(config)]
     # only the YAML counts: EMBEDGATE_* variables of the caller's shell would override it
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDGATE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDGATE_")} | extra_env
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd, cwd=_REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
@@ -148,7 +171,9 @@ def _run_updater(config: Path, log_path: Path, metrics_port: int) -> Iterator[_U
 def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
     if proc.poll() is not None:
         return
-    proc.send_signal(signal.SIGTERM)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGCONT)  # a stopped process would not act on SIGTERM
+        proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
@@ -164,6 +189,21 @@ def _scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
     return [(s.name, s.labels, s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
 
 
+def _loop_counters(url: str) -> dict[str, float]:
+    """The updater's commits (one per loop iteration that applied something) and its apply-latency sum and count."""
+    want = {
+        "embedgate_updater_commits_total": "commits",
+        "embedgate_updater_apply_latency_seconds_sum": "apply_s",
+        "embedgate_updater_apply_latency_seconds_count": "groups",
+        "embedgate_updater_rows_applied_total": "rows",
+    }
+    out = dict.fromkeys(want.values(), 0.0)
+    for name, _labels, v in _scrape(url):
+        if name in want:
+            out[want[name]] += v
+    return out
+
+
 def _rows_applied(url: str) -> float:
     return sum(
         v
@@ -172,22 +212,70 @@ def _rows_applied(url: str) -> float:
     )
 
 
-def _freshness_buckets(url: str) -> dict[float, float]:
-    return {
-        float(labels["le"]): v
-        for name, labels, v in _scrape(url)
-        if name == "embedgate_updater_freshness_seconds_bucket"
-    }
+@contextlib.contextmanager
+def _profiled(pid: int, path: Path | None) -> Iterator[None]:
+    """py-spy (``.venv/bin/py-spy``) samples ``pid`` while the block runs; collapsed stacks to ``path``."""
+    if path is None:
+        yield
+        return
+    spy = Path(_python()).parent / "py-spy"
+    if not spy.exists():
+        raise RuntimeError(f"--profile needs py-spy at {spy}: .venv/bin/pip install py-spy")
+    cmd = [str(spy), "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--nonblocking"]
+    proc = subprocess.Popen(
+        [*cmd, "--output", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        time.sleep(0.5)  # attached
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
-def _bucket_quantile(buckets: dict[float, float], q: float) -> float:
-    """Upper bound of the bucket holding quantile ``q`` of a cumulative histogram (inf if in the last bucket)."""
-    bounds = sorted(buckets)
-    total = buckets[bounds[-1]]
-    for b in bounds:
-        if buckets[b] >= q * total:
-            return b
-    return float("inf")
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def _cpu(pids: dict[str, int], out: dict[str, float], rows: int) -> Iterator[None]:
+    """``out["<name>_cpu_ms_per_10k"]``: CPU each of ``pids`` used while the block ran, per 10 000 rows."""
+    before = {k: _cpu_s(p) for k, p in pids.items()}
+    yield
+    for k, p in pids.items():
+        out[f"{k}_cpu_ms_per_10k"] = (_cpu_s(p) - before[k]) * 1000 * 10_000 / rows
+
+
+# -- load processes ---------------------------------------------------------------------------------------------
+async def _load(args: list[str], timeout_s: float) -> list[dict[str, Any]]:
+    """Run ``benchmarks.updater_load`` with ``args`` to its end; its JSON lines."""
+    proc = await asyncio.create_subprocess_exec(
+        _python(),
+        "-m",
+        "benchmarks.updater_load",
+        *args,
+        cwd=_REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"updater_load {args[0]} exited {proc.returncode}: {err.decode()[-2000:]}")
+    return [json.loads(line) for line in out.decode().splitlines() if line.strip()]
 
 
 # -- PS gRPC helpers --------------------------------------------------------------------------------------------
@@ -229,74 +317,36 @@ class _Ps:
             total += int(out.int64_val[0]) if out.int64_val else int.from_bytes(out.tensor_content, "little")
         return total
 
-    async def lookup_first(self, shard: int, row_id: int) -> float:
+    async def first_columns(self, shard: int, ids: list[int]) -> list[float]:
+        """Column 0 of the rows the PS serves for ``ids`` of one shard (one lookup call)."""
         import numpy as np
 
         from schemas.manifest import lookup_ids_input, lookup_values_output
         from schemas.tensors import from_ndarray
 
         req = self.request(shard, "lookup")
-        req.inputs[lookup_ids_input(_TABLE)].CopyFrom(from_ndarray(np.asarray([row_id], dtype=np.int64)))
+        req.inputs[lookup_ids_input(_TABLE)].CopyFrom(from_ndarray(np.asarray(ids, dtype=np.int64)))
         resp = await self.predict(req, timeout=5)
         out = resp.outputs[lookup_values_output(_TABLE)]
-        if out.tensor_content:
-            return float(np.frombuffer(out.tensor_content[:4], dtype="<f4")[0])
-        return float(out.float_val[0])
+        flat = (
+            np.frombuffer(out.tensor_content, dtype="<f4")
+            if out.tensor_content
+            else np.asarray(out.float_val, np.float32)
+        )
+        return [float(x) for x in flat.reshape(len(ids), -1)[:, 0]]
 
     async def close(self) -> None:
         await self._channel.close()
 
 
 # -- phases -----------------------------------------------------------------------------------------------------
-async def _baseline(ps: _Ps, ids: Any, values: Any, timeout_s: float) -> dict[str, float]:
-    """Direct ``upsert_t`` Predict calls of ``_ROWS_PER_CALL`` rows; shards concurrently, as the updater writes."""
-    import numpy as np
-
-    from schemas.manifest import upsert_signature
-    from schemas.partition import shard_for
-    from schemas.tensors import from_ndarray
-
-    now_ms = int(time.time() * 1000)
-    n_shards = ps.manifest.num_shards
-    before = await ps.row_count()
-    t0 = time.perf_counter()
-    shards = shard_for(ids, n_shards)
-
-    async def write_shard(s: int) -> int:
-        s_ids, s_vals = ids[shards == s], values[shards == s]
-        calls = 0
-        for start in range(0, len(s_ids), _ROWS_PER_CALL):
-            req = ps.request(s, upsert_signature(_TABLE))
-            chunk = s_ids[start : start + _ROWS_PER_CALL]
-            req.inputs["ids"].CopyFrom(from_ndarray(chunk))
-            req.inputs["values"].CopyFrom(from_ndarray(s_vals[start : start + _ROWS_PER_CALL]))
-            # the same version inputs the updater sends (newest wins per row); no stream position
-            req.inputs["timestamps_ms"].CopyFrom(from_ndarray(np.full(len(chunk), now_ms, np.int64)))
-            req.inputs["seqs"].CopyFrom(from_ndarray(np.zeros(len(chunk), np.int64)))
-            req.inputs["stream_partitions"].CopyFrom(from_ndarray(np.array([], dtype=object)))
-            req.inputs["stream_offsets"].CopyFrom(from_ndarray(np.zeros(0, np.int64)))
-            req.inputs["stream_expected"].CopyFrom(from_ndarray(np.zeros(0, np.int64)))
-            await ps.predict(req, timeout=30)
-            calls += 1
-        return calls
-
-    calls = await asyncio.wait_for(
-        asyncio.gather(*(write_shard(s) for s in range(n_shards))), timeout=timeout_s
-    )
-    seconds = time.perf_counter() - t0
-    added = await ps.row_count() - before
-    if added != len(ids):
-        raise RuntimeError(f"baseline: PS row_count grew by {added}, expected {len(ids)}")
-    return {"seconds": seconds, "rows_per_s": len(ids) / seconds, "calls": float(sum(calls))}
-
-
 async def _wait_applied(upd: _UpdaterProc, target: float, timeout_s: float) -> float:
-    """Poll the rows-applied counter until it reaches ``target``; returns the perf_counter time it was seen."""
+    """Poll the rows-applied counter until it reaches ``target``; the monotonic time it was seen."""
     deadline = time.monotonic() + timeout_s
     while True:
         applied = await asyncio.to_thread(_rows_applied, upd.metrics_url)
         if applied >= target:
-            return time.perf_counter()
+            return time.monotonic()
         upd.check_alive()
         if time.monotonic() > deadline:
             raise RuntimeError(
@@ -306,251 +356,508 @@ async def _wait_applied(upd: _UpdaterProc, target: float, timeout_s: float) -> f
         await asyncio.sleep(_POLL_S)
 
 
-async def _throughput(
-    pub: Any, ps: _Ps, upd: _UpdaterProc, ids: Any, values: Any, publish_rows: int, timeout_s: float
-) -> dict[str, float]:
-    before_rows = await ps.row_count()
-    base = await asyncio.to_thread(_rows_applied, upd.metrics_url)
-    messages = 0
-    t0 = time.perf_counter()
-    for start in range(0, len(ids), publish_rows):
-        res = await pub.publish(
-            ps.manifest, _TABLE, ids[start : start + publish_rows], values[start : start + publish_rows]
-        )
-        messages += res.messages
-    t_pub = time.perf_counter()
-    t_done = await _wait_applied(upd, base + len(ids), timeout_s)
-    added = await ps.row_count() - before_rows
-    if added != len(ids):
-        raise RuntimeError(f"updater: PS row_count grew by {added}, expected {len(ids)}")
-    seconds = t_done - t0
+async def _wait_rows(ctx: _Ctx, target: int) -> float:
+    """Poll the PS ``row_count`` until it reaches ``target`` (the phases write fresh ids); the monotonic time it was
+    seen. The PS is asked rather than the updater's /metrics: rendering those costs the updater CPU."""
+    deadline = time.monotonic() + ctx.args.timeout
+    while True:
+        count = await ctx.ps.row_count()
+        if count >= target:
+            return time.monotonic()
+        ctx.upd.check_alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"PS has {count} of {target} rows after {ctx.args.timeout:.0f} s; updater log tail:\n"
+                f"{ctx.upd.log_tail()}"
+            )
+        await asyncio.sleep(_POLL_S)
+
+
+@dataclass
+class _Ctx:
+    args: argparse.Namespace
+    bootstrap: str
+    ps_target: str
+    manifest_dir: Path
+    ps: _Ps
+    upd: _UpdaterProc
+    ps_pid: int
+
+    def load_args(self, mode: str, first_id: int) -> list[str]:
+        a = self.args
+        common = [mode, "--manifest", str(self.manifest_dir), "--first-id", str(first_id)]
+        if mode == "baseline":
+            return [*common, "--target", self.ps_target, "--rows", str(a.rows)]
+        return [
+            *common,
+            "--bootstrap",
+            self.bootstrap,
+            "--rows",
+            str(a.rows),
+            "--publish-rows",
+            str(a.publish_rows),
+        ]
+
+
+async def _check_added(ctx: _Ctx, before: int, what: str) -> None:
+    added = await ctx.ps.row_count() - before
+    if added != ctx.args.rows:
+        raise RuntimeError(f"{what}: PS row_count grew by {added}, expected {ctx.args.rows}")
+
+
+async def _baseline(ctx: _Ctx, first_id: int) -> dict[str, float]:
+    before = await ctx.ps.row_count()
+    cpu: dict[str, float] = {}
+    with _cpu({"ps": ctx.ps_pid}, cpu, ctx.args.rows):
+        (out,) = await _load(ctx.load_args("baseline", first_id), ctx.args.timeout)
+    await _check_added(ctx, before, "baseline")
+    seconds = out["t1"] - out["t0"]
+    return {"seconds": seconds, "rows_per_s": ctx.args.rows / seconds, **cpu}
+
+
+async def _publish_applied(ctx: _Ctx, first_id: int) -> dict[str, float]:
+    before = await ctx.ps.row_count()
+    load = asyncio.create_task(_load(ctx.load_args("publish", first_id), ctx.args.timeout))
+    cpu: dict[str, float] = {}
+    try:
+        with _cpu({"updater": ctx.upd.proc.pid, "ps": ctx.ps_pid}, cpu, ctx.args.rows):
+            t_done = await _wait_rows(ctx, before + ctx.args.rows)
+    finally:
+        (out,) = await load
+    await _check_added(ctx, before, "publish -> applied")
+    seconds = t_done - out["t0"]
     return {
         "seconds": seconds,
-        "rows_per_s": len(ids) / seconds,
-        "publish_seconds": t_pub - t0,
-        "publish_rows_per_s": len(ids) / (t_pub - t0),
-        "after_last_publish_s": t_done - t_pub,
-        "messages": float(messages),
+        "rows_per_s": ctx.args.rows / seconds,
+        "publish_rows_per_s": ctx.args.rows / (out["t1"] - out["t0"]),
+        "after_last_publish_s": t_done - out["t1"],
+        **cpu,
     }
 
 
-async def _drain(
-    pub: Any, ps: _Ps, upd: _UpdaterProc, ids: Any, values: Any, publish_rows: int, timeout_s: float
-) -> dict[str, float]:
-    """Backlog drain: the updater is stopped (SIGSTOP to its pid) while the rows are published, then continued;
-    time from SIGCONT until every row is applied. Publishing must take well under the group session timeout."""
-    before_rows = await ps.row_count()
-    base = await asyncio.to_thread(_rows_applied, upd.metrics_url)
-    os.kill(upd.proc.pid, signal.SIGSTOP)
+async def _drain(ctx: _Ctx, first_id: int) -> dict[str, float]:
+    """The updater is stopped (SIGSTOP) while the rows are published, then continued; SIGCONT -> all applied.
+    Publishing must take well under the group's session timeout (a warning says when it did not)."""
+    before = await ctx.ps.row_count()
+    loop0 = await asyncio.to_thread(_loop_counters, ctx.upd.metrics_url)
+    os.kill(ctx.upd.proc.pid, signal.SIGSTOP)
     try:
-        t_pub = time.perf_counter()
-        for start in range(0, len(ids), publish_rows):
-            await pub.publish(
-                ps.manifest, _TABLE, ids[start : start + publish_rows], values[start : start + publish_rows]
-            )
-        if time.perf_counter() - t_pub > 5.0:
+        (out,) = await _load(ctx.load_args("publish", first_id), ctx.args.timeout)
+        if out["t1"] - out["t0"] > 5.0:
             print("warning: publishing the backlog took > 5 s; the drain may include a group rejoin")
     finally:
-        os.kill(upd.proc.pid, signal.SIGCONT)
-    t0 = time.perf_counter()
-    t_done = await _wait_applied(upd, base + len(ids), timeout_s)
-    added = await ps.row_count() - before_rows
-    if added != len(ids):
-        raise RuntimeError(f"drain: PS row_count grew by {added}, expected {len(ids)}")
-    return {"seconds": t_done - t0, "rows_per_s": len(ids) / (t_done - t0)}
-
-
-async def _freshness(
-    pub: Any, ps: _Ps, upd: _UpdaterProc, first_id: int, rate: float, seconds: float, timeout_s: float
-) -> dict[str, Any]:
-    import numpy as np
-
-    from schemas.partition import shard_for
-
-    dim = ps.manifest.table(_TABLE).dim
-    count = max(1, int(rate * seconds))
-    ids = np.arange(first_id, first_id + count, dtype=np.int64)
-    shards = shard_for(ids, ps.manifest.num_shards)
-    hist_before = await asyncio.to_thread(_freshness_buckets, upd.metrics_url)
-    base = await asyncio.to_thread(_rows_applied, upd.metrics_url)
-
-    async def one(i: int, start_at: float) -> float:
-        await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
-        value = float(i + 1)
-        row = np.full((1, dim), value, dtype=np.float32)
-        t0 = time.perf_counter()
-        await pub.publish(ps.manifest, _TABLE, ids[i : i + 1], row)
-        deadline = time.monotonic() + timeout_s
-        while await ps.lookup_first(int(shards[i]), int(ids[i])) != value:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"freshness: id {ids[i]} not visible within {timeout_s:.0f} s")
-            await asyncio.sleep(0.005)
-        return time.perf_counter() - t0
-
-    start = time.perf_counter() + 0.05
-    lat = sorted(await asyncio.gather(*(one(i, start + i / rate) for i in range(count))))
-    await _wait_applied(upd, base + count, timeout_s)  # the histogram is observed right after the counter
-    hist_after = await asyncio.to_thread(_freshness_buckets, upd.metrics_url)
-    hist = {b: hist_after[b] - hist_before.get(b, 0.0) for b in hist_after}
+        os.kill(ctx.upd.proc.pid, signal.SIGCONT)
+    t0 = time.monotonic()
+    cpu: dict[str, float] = {}
+    with _cpu({"updater": ctx.upd.proc.pid, "ps": ctx.ps_pid}, cpu, ctx.args.rows):
+        t_done = await _wait_rows(ctx, before + ctx.args.rows)
+    await _check_added(ctx, before, "drain")
+    await _wait_applied(ctx.upd, loop0["rows"] + ctx.args.rows, ctx.args.timeout)
+    await asyncio.sleep(0.2)  # the commit after the last write
+    loop1 = await asyncio.to_thread(_loop_counters, ctx.upd.metrics_url)
+    seconds = t_done - t0
+    iterations = max(1.0, loop1["commits"] - loop0["commits"])
+    groups = max(1.0, loop1["groups"] - loop0["groups"])
+    # share of the drain's wall time the updater was on a CPU (the rest it waited: PS writes, fetches, the OS)
+    busy = cpu["updater_cpu_ms_per_10k"] * ctx.args.rows / 10_000 / 1000 / seconds
     return {
-        "updates": count,
-        "p50_s": statistics.median(lat),
-        "p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
-        "max_s": lat[-1],
-        "hist_p50_le": _bucket_quantile(hist, 0.5),
-        "hist_p95_le": _bucket_quantile(hist, 0.95),
-        "hist_count": hist[max(hist)],
+        "seconds": seconds,
+        "rows_per_s": ctx.args.rows / seconds,
+        "updater_busy": busy,
+        # the sequential loop: iterations (commits), wall time per iteration, mean write of one group (shards of
+        # an iteration are written concurrently)
+        "iterations": iterations,
+        "iteration_ms": seconds * 1000 / iterations,
+        "group_write_ms": (loop1["apply_s"] - loop0["apply_s"]) * 1000 / groups,
+        "groups_per_iteration": groups / iterations,
+        **cpu,
     }
 
 
-def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
-    """The run with the median rate (the lower middle one for an even count), plus the min and max rates."""
-    ordered = sorted(runs, key=lambda r: r["rows_per_s"])
-    mid = dict(ordered[(len(ordered) - 1) // 2])
-    mid["min_rows_per_s"], mid["max_rows_per_s"] = ordered[0]["rows_per_s"], ordered[-1]["rows_per_s"]
-    return mid
+async def _sustain(ctx: _Ctx, rate: float, index: int) -> dict[str, Any]:
+    """``rate`` rows/s for ``--sustain-seconds`` with probes; see the module docstring."""
+    from schemas.partition import shard_for
+
+    a = ctx.args
+    n_shards = ctx.ps.manifest.num_shards
+    base = await asyncio.to_thread(_rows_applied, ctx.upd.metrics_url)
+    load_args = [
+        "sustain",
+        "--manifest",
+        str(ctx.manifest_dir),
+        "--bootstrap",
+        ctx.bootstrap,
+        "--rate",
+        str(rate),
+        "--seconds",
+        str(a.sustain_seconds),
+        "--keys",
+        str(_KEYS),
+        "--first-id",
+        "500000000",  # one key space for every run: after the first, its rows are updates
+        "--probe-first-id",
+        str(900_000_000 + index * 1_000_000),
+    ]
+    proc = await asyncio.create_subprocess_exec(
+        _python(),
+        "-m",
+        "benchmarks.updater_load",
+        *load_args,
+        cwd=_REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    pending: dict[int, dict[int, tuple[float, float]]] = {s: {} for s in range(n_shards)}  # id -> value, t
+    latencies: list[tuple[float, float]] = []  # (publish time, latency)
+    done: dict[str, Any] = {}
+    reading = True
+
+    async def read() -> None:
+        nonlocal reading
+        assert proc.stdout is not None
+        try:
+            while line := await proc.stdout.readline():
+                msg = json.loads(line)
+                if "probe" in msg:
+                    pid = int(msg["probe"])
+                    shard = int(shard_for([pid], n_shards)[0])
+                    pending[shard][pid] = (float(msg["value"]), float(msg["t"]))
+                elif msg.get("done"):
+                    done.update(msg)
+        finally:
+            reading = False
+
+    async def poll(deadline: float) -> None:
+        while reading or any(pending.values()):
+            if time.monotonic() > deadline:
+                left = sum(len(p) for p in pending.values())
+                raise RuntimeError(f"sustain {rate:g}/s: {left} probes not visible in time")
+            for s, probes in pending.items():
+                if not probes:
+                    continue
+                ids = list(probes)
+                got = await ctx.ps.first_columns(s, ids)
+                now = time.monotonic()
+                for pid, v in zip(ids, got, strict=True):
+                    want, t_pub = probes[pid]
+                    if v == want:
+                        latencies.append((t_pub, now - t_pub))
+                        del probes[pid]
+            ctx.upd.check_alive()
+            await asyncio.sleep(_PROBE_POLL_S)
+
+    deadline = time.monotonic() + a.sustain_seconds + a.timeout
+    cpu0 = _cpu_s(ctx.upd.proc.pid)
+    try:
+        await asyncio.wait_for(asyncio.gather(read(), poll(deadline)), a.sustain_seconds + a.timeout + 5)
+        rc = await asyncio.wait_for(proc.wait(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    if rc != 0 or not done:
+        assert proc.stderr is not None
+        err = (await proc.stderr.read()).decode()[-2000:]
+        raise RuntimeError(f"updater_load sustain exited {rc}: {err}")
+    t_all = await _wait_applied(ctx.upd, base + done["rows"], a.timeout)
+    cpu_ms_per_10k = (_cpu_s(ctx.upd.proc.pid) - cpu0) * 1000 * 10_000 / done["rows"]
+    lat = [x for _, x in sorted(latencies)]  # in publish order
+    third = max(1, len(lat) // 3)
+    first_p50, last_p50 = statistics.median(lat[:third]), statistics.median(lat[-third:])
+    ordered = sorted(lat)
+    catch_up = max(0.0, t_all - done["t1"])
+    return {
+        "target_rows_per_s": rate,
+        "achieved_rows_per_s": done["rows"] / (done["t1"] - done["t0"]),
+        "seconds": done["t1"] - done["t0"],
+        "probes": len(lat),
+        "late_ticks": done["late_ticks"],
+        "p50_s": statistics.median(ordered),
+        "p99_s": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        "max_s": ordered[-1],
+        "first_third_p50_s": first_p50,
+        "last_third_p50_s": last_p50,
+        "catch_up_s": catch_up,
+        "bounded": last_p50 <= first_p50 + 0.25 and catch_up < 1.0,
+        "updater_cpu_ms_per_10k": cpu_ms_per_10k,
+        # one core's worth of CPU is 1000 ms per second: the share of a core the updater used at this rate
+        "updater_core_share": cpu_ms_per_10k * done["rows"] / (done["t1"] - done["t0"]) / 10_000 / 1000,
+    }
+
+
+def _profile_path(args: argparse.Namespace, name: str, wanted: bool = True) -> Path | None:
+    if args.profile is None or not wanted:
+        return None
+    args.profile.mkdir(parents=True, exist_ok=True)
+    return Path(args.profile) / f"{name}.txt"
+
+
+def _summary(runs: list[dict[str, float]], key: str) -> dict[str, float]:
+    vals = sorted(r[key] for r in runs)
+    return {"median": statistics.median(vals), "min": vals[0], "max": vals[-1]}
 
 
 async def _measure(
-    args: argparse.Namespace, bootstrap: str, ps_target: str, manifest: Any, upd_factory: Any
+    args: argparse.Namespace,
+    bootstrap: str,
+    ps_target: str,
+    ps_pid: int,
+    manifest_dir: Path,
+    manifest: Any,
+    upd_factory: Any,
 ) -> dict[str, Any]:
-    import numpy as np
-
-    from updater.producer import DeltaPublisher
-
-    rng = np.random.default_rng(0)
-    n = args.rows
-    values = rng.standard_normal((n, args.dim), dtype=np.float32)
     ps = _Ps(ps_target, manifest)
-    baselines: list[dict[str, float]] = []
-    updaters: list[dict[str, float]] = []
-    drains: list[dict[str, float]] = []
+    rounds: list[dict[str, dict[str, float]]] = []
+    sustained: list[list[dict[str, Any]]] = []
     try:
         with upd_factory() as upd:
-            async with DeltaPublisher(bootstrap) as pub:
-                # warm-up: topic creation, group join, channels; bounded like everything else
-                warm = np.arange(1000, dtype=np.int64)
-                before = await asyncio.to_thread(_rows_applied, upd.metrics_url)
-                t_warm = time.perf_counter()
-                await pub.publish(manifest, _TABLE, warm, values[: len(warm)])
-                await _wait_applied(upd, before + len(warm), _START_TIMEOUT_S)
-                warm_s = time.perf_counter() - t_warm
-                # interleaved rounds on fresh ids (every row an insert); the updater idles during the baseline
-                for r in range(args.repeat):
-                    first = 10_000_000 * (r + 1)
-                    base_ids = np.arange(first, first + n, dtype=np.int64)
-                    upd_ids = base_ids + 3_000_000
-                    drain_ids = base_ids + 6_000_000
-                    baselines.append(await _baseline(ps, base_ids, values, args.timeout))
-                    updaters.append(
-                        await _throughput(pub, ps, upd, upd_ids, values, args.publish_rows, args.timeout)
-                    )
-                    drains.append(
-                        await _drain(pub, ps, upd, drain_ids, values, args.publish_rows, args.timeout)
-                    )
-                fresh = await _freshness(
-                    pub, ps, upd, 1_000_000, args.fresh_rate, args.fresh_seconds, args.timeout
+            ctx = _Ctx(args, bootstrap, ps_target, manifest_dir, ps, upd, ps_pid)
+            # warm-up: topic creation, group join, channels; bounded like everything else
+            t_warm = time.monotonic()
+            base = await asyncio.to_thread(_rows_applied, upd.metrics_url)
+            await _load(
+                ["publish", "--manifest", str(manifest_dir), "--bootstrap", bootstrap, "--rows", "1000"],
+                _START_TIMEOUT_S,
+            )
+            await _wait_applied(upd, base + 1000, _START_TIMEOUT_S)
+            warm_s = time.monotonic() - t_warm
+            phases = {"baseline": _baseline, "drain": _drain, "publish_applied": _publish_applied}
+            names = list(phases)
+            for r in range(args.repeat):
+                res: dict[str, dict[str, float]] = {}
+                order = names[r % 3 :] + names[: r % 3]  # rotated: no phase always runs first
+                for i, name in enumerate(order):
+                    first = 10_000_000 * (r + 1) + 3_000_000 * i
+                    with _profiled(upd.proc.pid, _profile_path(args, f"{name}-{r}", name != "baseline")):
+                        res[name] = await phases[name](ctx, first)
+                for name in ("drain", "publish_applied"):
+                    res[name]["ratio"] = res[name]["rows_per_s"] / res["baseline"]["rows_per_s"]
+                rounds.append(res)
+                print(
+                    f"round {r + 1}: baseline {res['baseline']['rows_per_s']:,.0f} rows/s, drain "
+                    f"{res['drain']['ratio']:.2f}x, publish->applied {res['publish_applied']['ratio']:.2f}x",
+                    flush=True,
                 )
+            runs: dict[float, list[dict[str, Any]]] = {rate: [] for rate in args.rates}
+            for rnd in range(args.sustain_rounds):
+                for i, rate in enumerate(args.rates):
+                    with _profiled(upd.proc.pid, _profile_path(args, f"sustain-{rate:.0f}-{rnd}")):
+                        one = await _sustain(ctx, rate, i + len(args.rates) * rnd)
+                    runs[rate].append(one)
+                    print(
+                        f"sustain {rate:,.0f} rows/s: achieved {one['achieved_rows_per_s']:,.0f}, "
+                        f"p50 {one['p50_s'] * 1000:.0f} ms, p99 {one['p99_s'] * 1000:.0f} ms, "
+                        f"bounded {one['bounded']}",
+                        flush=True,
+                    )
+            sustained = list(runs.values())
     finally:
         await ps.close()
-    return {
-        "baseline": _median_run(baselines),
-        "updater": _median_run(updaters),
-        "drain": _median_run(drains),
-        "freshness": fresh,
-        "warmup_s": warm_s,
+    return {"rounds": rounds, "sustained": sustained, "warmup_s": warm_s}
+
+
+def _report(args: argparse.Namespace, r: dict[str, Any], setup_s: float) -> dict[str, Any]:
+    rounds = r["rounds"]
+    b = _summary([x["baseline"] for x in rounds], "rows_per_s")
+    out: dict[str, Any] = {
+        "command": _command(args),
+        "cpus": os.cpu_count(),
+        "load_1m": round(os.getloadavg()[0], 2),
+        "setup_s": round(setup_s, 1),
+        "warmup_s": round(r["warmup_s"], 2),
+        "rows": args.rows,
+        "dim": args.dim,
+        "shards": args.shards,
+        "rounds": len(rounds),
+        "throughput": {"baseline": {k: round(v) for k, v in b.items()}},
     }
+    for name in ("drain", "publish_applied"):
+        rate = _summary([x[name] for x in rounds], "rows_per_s")
+        ratio = _summary([x[name] for x in rounds], "ratio")
+        out["throughput"][name] = {
+            **{k: round(v) for k, v in rate.items()},
+            "ratio": round(ratio["median"], 2),
+            "ratio_min": round(ratio["min"], 2),
+            "ratio_max": round(ratio["max"], 2),
+        }
+    for name in ("baseline", "drain", "publish_applied"):
+        for k in (
+            "updater_cpu_ms_per_10k",
+            "ps_cpu_ms_per_10k",
+            "updater_busy",
+            "iterations",
+            "iteration_ms",
+            "group_write_ms",
+            "groups_per_iteration",
+        ):
+            if k in rounds[0][name]:
+                out["throughput"][name][k] = round(statistics.median(x[name][k] for x in rounds), 2)
+    pubs = sorted(x["publish_applied"]["publish_rows_per_s"] for x in rounds)
+    out["throughput"]["publish_only_rows_per_s"] = round(statistics.median(pubs))
+    out["sustained"] = []
+    for runs in r["sustained"]:
+        p99 = sorted(x["p99_s"] for x in runs)
+        mid = sorted(runs, key=lambda x: x["p99_s"])[(len(runs) - 1) // 2]  # the run with the median p99
+        out["sustained"].append(
+            {
+                "target_rows_per_s": round(mid["target_rows_per_s"]),
+                "runs": len(runs),
+                "achieved_rows_per_s": round(statistics.median(x["achieved_rows_per_s"] for x in runs)),
+                "probes": sum(x["probes"] for x in runs),
+                "p50_ms": round(statistics.median(x["p50_s"] for x in runs) * 1000, 1),
+                "p99_ms": round(mid["p99_s"] * 1000, 1),
+                "p99_min_ms": round(p99[0] * 1000, 1),
+                "p99_max_ms": round(p99[-1] * 1000, 1),
+                "max_ms": round(max(x["max_s"] for x in runs) * 1000, 1),
+                "first_third_p50_ms": round(mid["first_third_p50_s"] * 1000, 1),
+                "last_third_p50_ms": round(mid["last_third_p50_s"] * 1000, 1),
+                "catch_up_s": round(max(x["catch_up_s"] for x in runs), 2),
+                "bounded_runs": sum(bool(x["bounded"]) for x in runs),
+                "updater_cpu_ms_per_10k": round(
+                    statistics.median(x["updater_cpu_ms_per_10k"] for x in runs), 1
+                ),
+                "updater_core_share": round(statistics.median(x["updater_core_share"] for x in runs), 2),
+            }
+        )
+    return out
 
 
-def _report(args: argparse.Namespace, r: dict[str, Any], setup_s: float) -> None:
-    b, u, d, f = r["baseline"], r["updater"], r["drain"], r["freshness"]
-    cmd = (
+def _command(args: argparse.Namespace) -> str:
+    return (
         f"python -m benchmarks.updater_bench --rows {args.rows} --dim {args.dim} --shards {args.shards}"
-        f" --publish-rows {args.publish_rows} --fresh-rate {args.fresh_rate:g}"
-        f" --fresh-seconds {args.fresh_seconds:g} --repeat {args.repeat}"
+        f" --repeat {args.repeat} --rates {','.join(f'{x:g}' for x in args.rates)}"
+        f" --sustain-seconds {args.sustain_seconds:g} --sustain-rounds {args.sustain_rounds}"
+        + "".join(f" --updater-env {k}={v}" for k, v in args.updater_env)
     )
-    load = os.getloadavg()[0]
-    print(f"command: {cmd}")
-    print(
-        f"cpus: {os.cpu_count()}  load(1m): {load:.2f}  rows: {args.rows}  dim: {args.dim}  "
-        f"shards: {args.shards} (1 replica each)  rows/call: {_ROWS_PER_CALL}"
-    )
-    print(f"setup (broker + PS build + serve-local): {setup_s:.1f} s; updater warm-up {r['warmup_s']:.2f} s")
-    rows = [
-        ("baseline: direct gRPC upsert", f"{b['seconds']:.2f} s", f"{b['rows_per_s']:,.0f} rows/s", ""),
+
+
+def _table(rep: dict[str, Any]) -> str:
+    tp = rep["throughput"]
+    b, d, p = tp["baseline"], tp["drain"], tp["publish_applied"]
+    lines = [
         (
-            "updater: publish -> all applied",
-            f"{u['seconds']:.2f} s",
-            f"{u['rows_per_s']:,.0f} rows/s",
-            f"{u['rows_per_s'] / b['rows_per_s']:.2f}x baseline",
+            f"`{rep['command']}` ({rep['cpus']} CPUs, load average {rep['load_1m']} at the end; dim {rep['dim']}, "
+            f"{rep['shards']} shards, one replica each)"
+        ),
+        "",
+        f"**Throughput, {rep['rows']} rows per phase, median of {rep['rounds']} interleaved rounds [min-max]**",
+        "",
+        "| phase | rows/s | vs direct gRPC (same round) | CPU per 10k rows: updater / PS |",
+        "|---|---|---|---|",
+        (
+            f"| (a) direct gRPC upserts (baseline) | {b['median']:,} [{b['min']:,}-{b['max']:,}] | 1 | - / "
+            f"{b['ps_cpu_ms_per_10k']:.0f} ms |"
         ),
         (
-            "  publish only (DeltaPublisher)",
-            f"{u['publish_seconds']:.2f} s",
-            f"{u['publish_rows_per_s']:,.0f} rows/s",
-            f"{int(u['messages'])} messages",
+            f"| (b) updater: backlog drain | {d['median']:,} [{d['min']:,}-{d['max']:,}] | "
+            f"{d['ratio']}x [{d['ratio_min']}-{d['ratio_max']}] | {d['updater_cpu_ms_per_10k']:.0f} / "
+            f"{d['ps_cpu_ms_per_10k']:.0f} ms (updater on a CPU {d['updater_busy']:.0%} of the drain) |"
         ),
-        ("  last publish -> all applied", f"{u['after_last_publish_s']:.2f} s", "", ""),
         (
-            "updater: drain of a backlog",
-            f"{d['seconds']:.2f} s",
-            f"{d['rows_per_s']:,.0f} rows/s",
-            f"{d['rows_per_s'] / b['rows_per_s']:.2f}x baseline",
+            f"| (c) updater: publish → applied, while publishing | {p['median']:,} [{p['min']:,}-{p['max']:,}] | "
+            f"{p['ratio']}x [{p['ratio_min']}-{p['ratio_max']}] | {p['updater_cpu_ms_per_10k']:.0f} / "
+            f"{p['ps_cpu_ms_per_10k']:.0f} ms |"
         ),
+        f"| (c) publishing alone (`DeltaPublisher`, acks=all) | {tp['publish_only_rows_per_s']:,} | | |",
+        "",
+        (
+            f"Drain loop (medians): {d['iterations']:.0f} iterations of {d['iteration_ms']:.0f} ms, "
+            f"{d['groups_per_iteration']:.1f} group writes each (concurrent), {d['group_write_ms']:.0f} ms per group "
+            "write: the rest of an iteration is fetch (with its batch window), decode, coalesce, encode and commit."
+        ),
+        "",
+        "**Freshness under sustained load (probe rows: publish call → visible through PS `lookup`)**",
+        "",
+        (
+            "| target rows/s | achieved | p50 | p99 [min-max over runs] | max | p50 first → last third | catch-up (worst)"
+            " | lag bounded | updater CPU |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    print()
-    print(
-        f"throughput: median of {args.repeat} interleaved rounds of {args.rows} rows (rates min..max below)"
-    )
-    print(f"{'':<34} {'time':>9} {'rate':>18}  ratio")
-    for label, t, rate, ratio in rows:
-        print(f"{label:<34} {t:>9} {rate:>18}  {ratio}")
-    for label, run in (("baseline", b), ("updater", u), ("drain", d)):
-        print(f"  {label} range: {run['min_rows_per_s']:,.0f} .. {run['max_rows_per_s']:,.0f} rows/s")
-    print()
-    print(
-        f"freshness ({int(f['updates'])} single-row updates at {args.fresh_rate:g}/s): publish call -> visible via "
-        f"PS lookup p50 {f['p50_s'] * 1000:.0f} ms, p95 {f['p95_s'] * 1000:.0f} ms, max {f['max_s'] * 1000:.0f} ms"
-    )
-    print(
-        f"updater freshness histogram ({int(f['hist_count'])} obs, producer timestamp -> applied): "
-        f"p50 <= {f['hist_p50_le']:g} s, p95 <= {f['hist_p95_le']:g} s (bucket bounds)"
-    )
-    summary = {
-        "baseline_rows_per_s": round(b["rows_per_s"]),
-        "updater_rows_per_s": round(u["rows_per_s"]),
-        "ratio": round(u["rows_per_s"] / b["rows_per_s"], 2),
-        "drain_rows_per_s": round(d["rows_per_s"]),
-        "drain_ratio": round(d["rows_per_s"] / b["rows_per_s"], 2),
-        "freshness_ms": {k: round(f[f"{k}_s"] * 1000, 1) for k in ("p50", "p95", "max")},
-    }
-    print()
-    print("summary: " + json.dumps(summary))
+    for s in rep["sustained"]:
+        lines.append(
+            f"| {s['target_rows_per_s']:,} | {s['achieved_rows_per_s']:,} | {s['p50_ms']:.0f} ms | "
+            f"{s['p99_ms']:.0f} ms [{s['p99_min_ms']:.0f}-{s['p99_max_ms']:.0f}] | {s['max_ms']:.0f} ms | "
+            f"{s['first_third_p50_ms']:.0f} → {s['last_third_p50_ms']:.0f} ms | {s['catch_up_s']:.2f} s | "
+            f"{'yes' if s['bounded_runs'] == s['runs'] else '**no**'} ({s['bounded_runs']} of {s['runs']} runs) | "
+            f"{s['updater_core_share']:.0%} of a core ({s['updater_cpu_ms_per_10k']:.0f} ms per 10k rows) |"
+        )
+    return "\n".join(lines)
+
+
+def _write(rep: dict[str, Any], doc: Path) -> None:
+    """Replace the text between ``BEGIN`` and ``END`` in ``doc`` (append a section when they are missing)."""
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    block = f"{BEGIN}\n{_table(rep)}\n{END}"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = (
+            text.rstrip()
+            + "\n\n## Streaming updates: updater vs direct gRPC, freshness (issue 8)\n\n"
+            + block
+            + "\n"
+        )
+    doc.write_text(text)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key or key.startswith("EMBEDGATE_"):
+        raise argparse.ArgumentTypeError(
+            "KEY=VALUE, not an EMBEDGATE_ setting (the YAML config is the only one)"
+        )
+    return key, value
+
+
+def _rates(text: str) -> list[float]:
+    rates = [float(x) for x in text.split(",") if x.strip()]
+    if not rates or any(r <= 0 or r > 1_000_000 for r in rates) or len(rates) > 8:
+        raise argparse.ArgumentTypeError("1-8 comma-separated rates in (0, 1000000] rows/s")
+    return rates
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--rows", type=int, default=200_000, help=f"rows per throughput run (capped at {_MAX_ROWS})"
+        "--rows", type=int, default=200_000, help=f"rows per throughput phase (capped at {_MAX_ROWS})"
     )
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--publish-rows", type=int, default=10_000, help="rows per DeltaPublisher.publish call")
-    ap.add_argument("--fresh-rate", type=float, default=20.0, help="single-row updates per second")
-    ap.add_argument("--fresh-seconds", type=float, default=5.0, help="duration of the freshness run (max 30)")
-    ap.add_argument("--repeat", type=int, default=3, help="interleaved baseline/updater rounds (max 10)")
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved throughput rounds (max 10)")
+    ap.add_argument("--rates", type=_rates, default=[10_000.0, 50_000.0, 100_000.0, 200_000.0])
+    ap.add_argument("--sustain-seconds", type=float, default=8.0, help="each sustained rate (max 60)")
+    ap.add_argument(
+        "--sustain-rounds", type=int, default=2, help="runs of every rate, rates interleaved (max 5)"
+    )
     ap.add_argument("--timeout", type=float, default=120.0, help="limit of each measured phase, seconds")
+    ap.add_argument("--write", type=Path, default=None, help="rewrite this doc's updater_bench section")
+    ap.add_argument(
+        "--updater-env",
+        type=_env_pair,
+        action="append",
+        default=[],
+        help="KEY=VALUE in the updater's environment only (repeatable), e.g. MALLOC_MMAP_THRESHOLD_=33554432",
+    )
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="directory: py-spy profiles (collapsed stacks) of the updater during the drains and each rate",
+    )
     args = ap.parse_args(argv)
-    if args.rows < 1 or args.dim < 1 or args.shards < 1 or args.publish_rows < 1 or args.fresh_rate <= 0:
-        ap.error("--rows, --dim, --shards, --publish-rows and --fresh-rate must be positive")
+    if args.rows < 1 or args.dim < 1 or args.shards < 1 or args.publish_rows < 1:
+        ap.error("--rows, --dim, --shards and --publish-rows must be positive")
     args.rows = min(args.rows, _MAX_ROWS)
     args.repeat = min(max(args.repeat, 1), 10)
-    args.fresh_seconds = min(max(args.fresh_seconds, 0.1), 30.0)
-    args.fresh_rate = min(args.fresh_rate, 200.0)
+    args.sustain_seconds = min(max(args.sustain_seconds, 1.0), 60.0)
+    args.sustain_rounds = min(max(args.sustain_rounds, 1), 5)
 
     signal.signal(signal.SIGTERM, _interrupt)  # run the finally blocks that stop updater, PS and broker
     # the idempotent producer retries NotLeaderForPartition while the topic's leader is elected: not news here
@@ -593,10 +900,26 @@ def main(argv: list[str] | None = None) -> int:
             )
 
             def upd_factory() -> contextlib.AbstractContextManager[_UpdaterProc]:
-                return _run_updater(config, tmp / "updater.log", metrics_port)
+                return _run_updater(config, tmp / "updater.log", metrics_port, dict(args.updater_env))
 
-            results = asyncio.run(_measure(args, broker.bootstrap, ps_server.target, manifest, upd_factory))
-    _report(args, results, setup_s)
+            results = asyncio.run(
+                _measure(
+                    args,
+                    broker.bootstrap,
+                    ps_server.target,
+                    ps_server.proc.pid,
+                    model_dir,
+                    manifest,
+                    upd_factory,
+                )
+            )
+    rep = _report(args, results, setup_s)
+    print()
+    print(_table(rep))
+    print()
+    print("summary: " + json.dumps(rep))
+    if args.write is not None:
+        _write(rep, args.write)
     return 0
 
 

@@ -526,7 +526,7 @@ def check_against_manifest(delta: EmbeddingDelta, manifest: Manifest) -> None:
                 "dim_mismatch",
                 f"table {delta.model}.{delta.table} has dim {spec.dim}, the delta has dim {delta.dim}",
             )
-        if not spec.allow_nan:
+        if not spec.allow_nan and not _all_finite_fast(delta.values):
             finite = np.isfinite(delta.values)
             if not finite.all():
                 row = int(np.argwhere(~finite)[0][0])
@@ -535,3 +535,10 @@ def check_against_manifest(delta: EmbeddingDelta, manifest: Manifest) -> None:
                     f"row {row} (id {int(delta.ids[row])}) holds NaN/Inf; table {delta.model}.{delta.table} "
                     "forbids them",
                 )
+
+
+def _all_finite_fast(values: npt.NDArray[np.float32]) -> bool:
+    """True when ``values`` certainly holds no NaN/Inf: one float32 sum, no temporary array (a NaN or Inf anywhere
+    makes it non-finite). False also when finite rows overflow the sum; the caller then checks element-wise."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.add.reduce(values, axis=None)))

@@ -36,6 +36,7 @@ from schemas.tls import BackendTLS
 from tfs_grpc.channels import ChannelConfig, channel_credentials, open_channel, stub
 from updater.errors import ApplyError, ShardUnavailable, error_from_grpc
 from updater.replicas import Replica
+from updater.wire import predict_request
 
 __all__ = ["GroupKey", "ShardWriter", "WriteGroup", "WriteGroupRows"]
 
@@ -158,43 +159,49 @@ class ShardWriter:
 
     def _requests(self, group: WriteGroup) -> list[tuple[str, bytes]]:
         """Serialized Predict calls for ``group``, chunked. Every call but the last carries an empty stream position;
-        the last one completes the group and gets each replica's position appended (:meth:`_position_suffix`)."""
+        the last one completes the group and gets each replica's position appended (:meth:`_position_suffix`).
+        Built by :func:`updater.wire.predict_request`: the rows are copied once, straight into the request bytes."""
         model = self._models[group.key.model]
         name = model.served_ps_name(group.key.shard)
         table = group.key.table
         r = group.rows
-        out: list[tuple[str, tfs_pb2.PredictRequest]] = []
+        calls: list[tuple[str, str, list[tuple[str, npt.NDArray[np.int64] | npt.NDArray[np.float32]]]]] = []
+        up, de = upsert_signature(table), delete_signature(table)
         for start in range(0, len(r.upsert_ids), self._max_rows):
             sl = slice(start, start + self._max_rows)
-            req = tfs_pb2.PredictRequest(
-                model_spec=tfs_pb2.ModelSpec(name=name, signature_name=upsert_signature(table))
+            calls.append(
+                (
+                    up,
+                    f"{up} on {name}",
+                    [
+                        ("ids", r.upsert_ids[sl]),
+                        ("values", r.upsert_values[sl]),
+                        ("timestamps_ms", r.upsert_timestamps_ms[sl]),
+                        ("seqs", r.upsert_seqs[sl]),
+                    ],
+                )
             )
-            req.inputs["ids"].CopyFrom(from_ndarray(r.upsert_ids[sl]))
-            req.inputs["values"].CopyFrom(from_ndarray(r.upsert_values[sl]))
-            req.inputs["timestamps_ms"].CopyFrom(from_ndarray(r.upsert_timestamps_ms[sl]))
-            req.inputs["seqs"].CopyFrom(from_ndarray(r.upsert_seqs[sl]))
-            out.append((f"{upsert_signature(table)} on {name}", req))
         for start in range(0, len(r.delete_ids), self._max_rows):
             sl = slice(start, start + self._max_rows)
-            req = tfs_pb2.PredictRequest(
-                model_spec=tfs_pb2.ModelSpec(name=name, signature_name=delete_signature(table))
+            calls.append(
+                (
+                    de,
+                    f"{de} on {name}",
+                    [
+                        ("ids", r.delete_ids[sl]),
+                        ("timestamps_ms", r.delete_timestamps_ms[sl]),
+                        ("seqs", r.delete_seqs[sl]),
+                    ],
+                )
             )
-            req.inputs["ids"].CopyFrom(from_ndarray(r.delete_ids[sl]))
-            req.inputs["timestamps_ms"].CopyFrom(from_ndarray(r.delete_timestamps_ms[sl]))
-            req.inputs["seqs"].CopyFrom(from_ndarray(r.delete_seqs[sl]))
-            out.append((f"{delete_signature(table)} on {name}", req))
-        if not out:  # no rows: a position-only write (an empty delete)
-            req = tfs_pb2.PredictRequest(
-                model_spec=tfs_pb2.ModelSpec(name=name, signature_name=delete_signature(table))
-            )
-            empty = from_ndarray(np.zeros(0, np.int64))
-            for k in ("ids", "timestamps_ms", "seqs"):
-                req.inputs[k].CopyFrom(empty)
-            out.append((f"{delete_signature(table)} on {name}", req))
-        for _, req in out[:-1]:
-            for k, v in _positions({}, {}).items():
-                req.inputs[k].CopyFrom(v)
-        return [(what, req.SerializeToString()) for what, req in out]
+        if not calls:  # no rows: a position-only write (an empty delete)
+            empty = np.zeros(0, np.int64)
+            calls.append((de, f"{de} on {name}", [("ids", empty), ("timestamps_ms", empty), ("seqs", empty)]))
+        no_position = self._position_suffix({}, {})
+        return [
+            (what, predict_request(name, signature, inputs, no_position if i < len(calls) - 1 else b""))
+            for i, (signature, what, inputs) in enumerate(calls)
+        ]
 
     @staticmethod
     def _position_suffix(positions: dict[str, int], expected: dict[str, int]) -> bytes:

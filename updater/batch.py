@@ -28,8 +28,12 @@ __all__ = ["Chunk", "GroupBuffer", "coalesce", "split_by_shard"]
 def split_by_shard(
     delta: EmbeddingDelta, num_shards: int
 ) -> list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float32] | None]]:
-    """``[(shard, ids, values | None)]`` for the shards ``delta`` touches, ascending; row order kept per shard."""
+    """``[(shard, ids, values | None)]`` for the shards ``delta`` touches, ascending; row order kept per shard.
+    A delta of one shard (what producers send: one message per shard) comes back as views of its own arrays."""
     shards = shard_for(delta.ids, num_shards)
+    first = int(shards[0])
+    if (shards == first).all():
+        return [(first, delta.ids, delta.values)]
     out = []
     for s in np.unique(shards):
         mask = shards == s
@@ -49,35 +53,50 @@ class Chunk:
 
 
 def coalesce(chunks: list[Chunk], dim: int) -> WriteGroupRows:
-    """Newest op per id over ``chunks`` (highest (timestamp, sequence), ties to the later arrival); ids sorted (in
-    arrival order when no id repeats: the common bulk case skips the sort and the second copy of the rows)."""
+    """Newest op per id over ``chunks`` (highest (timestamp, sequence), ties to the later arrival); ids sorted, or in
+    arrival order when no id repeats. Vectorised: no Python work per row. The common bulk case (no id repeats, only
+    upserts) copies each row once, into one array (none for a single chunk: its rows are passed through)."""
     if not chunks:
         e = np.zeros(0, np.int64)
         return WriteGroupRows(e, np.zeros((0, dim), np.float32), e, e, e, e, e)
-    ids = np.concatenate([c.ids for c in chunks]).astype(np.int64, copy=False)
+    ids = np.asarray(_concat([c.ids for c in chunks]), dtype=np.int64)
     sizes = [len(c.ids) for c in chunks]
     ts = np.repeat(np.array([c.timestamp_ms for c in chunks], np.int64), sizes)
     seq = np.repeat(np.array([c.sequence for c in chunks], np.int64), sizes)
-    is_upsert = np.repeat(np.array([c.values is not None for c in chunks]), sizes)
-    values = np.concatenate(
+    deletes = any(c.values is None for c in chunks)
+    values = _concat(
         [c.values if c.values is not None else np.zeros((len(c.ids), dim), np.float32) for c in chunks]
     ).reshape(len(ids), dim)
-    by_id = np.argsort(ids, kind="stable")
-    sorted_ids = ids[by_id]
-    if not (sorted_ids[1:] == sorted_ids[:-1]).any():
-        last = np.arange(len(ids))  # no id repeats (a bulk load): every row wins, kept in arrival order
+    if _unique(ids):
+        if not deletes:  # a bulk load: every row wins, kept in arrival order, nothing gathered
+            e = np.zeros(0, np.int64)
+            return WriteGroupRows(ids, np.ascontiguousarray(values, np.float32), ts, seq, e, e, e)
+        last = np.arange(len(ids))
     else:
         arrival = np.arange(len(ids))
         # by id, then version, then arrival: the last of each id wins
         order = np.lexsort((arrival, seq, ts, ids))
         sorted_ids = ids[order]
         last = order[np.r_[sorted_ids[1:] != sorted_ids[:-1], True]]
+    is_upsert = np.repeat(np.array([c.values is not None for c in chunks]), sizes)
     up = last[is_upsert[last]]
     de = last[~is_upsert[last]]
-    up_values = values if len(up) == len(ids) else values[up]  # all rows survive: no second copy
     return WriteGroupRows(
-        ids[up], np.ascontiguousarray(up_values, dtype=np.float32), ts[up], seq[up], ids[de], ts[de], seq[de]
+        ids[up], np.ascontiguousarray(values[up], dtype=np.float32), ts[up], seq[up], ids[de], ts[de], seq[de]
     )
+
+
+def _unique(ids: npt.NDArray[np.int64]) -> bool:
+    """No id repeats: one linear pass when the ids ascend (common for bulk loads), else one unstable sort."""
+    if len(ids) < 2 or bool((ids[1:] > ids[:-1]).all()):
+        return True
+    s = np.sort(ids)
+    return not bool((s[1:] == s[:-1]).any())
+
+
+def _concat(arrays: list[Any]) -> Any:
+    """``np.concatenate``, but a single array comes back as it is (a view of the message, no copy)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 @dataclass

@@ -268,6 +268,8 @@ MANIFEST = Manifest.model_validate(
         ),
         (_delta(values=[[1.0, 2.0], [np.nan, 4.0]]), "nan_values", r"row 1 \(id 8\) holds NaN/Inf"),
         (_delta(values=[[np.inf, 2.0], [1.0, 4.0]]), "nan_values", r"row 0 \(id 7\)"),
+        (_delta(values=[[np.inf, 2.0], [-np.inf, 4.0]]), "nan_values", r"row 0 \(id 7\)"),  # sum is NaN
+        (_delta(values=[[3e38, 3e38], [3e38, -np.inf]]), "nan_values", r"row 1 \(id 8\)"),
     ],
 )
 def test_manifest_checks(delta: EmbeddingDelta, reason: str, message: str) -> None:
@@ -278,8 +280,22 @@ def test_manifest_checks(delta: EmbeddingDelta, reason: str, message: str) -> No
 
 def test_manifest_checks_pass() -> None:
     check_against_manifest(_delta(), MANIFEST)
+    # finite rows whose float32 sum overflows
+    check_against_manifest(_delta(values=[[3e38, 3e38], [3e38, 3e38]]), MANIFEST)
     check_against_manifest(_delta(table="free", values=[[np.nan, 1.0], [2.0, 3.0]]), MANIFEST)
     check_against_manifest(_delta(op="delete", values=None), MANIFEST)
+
+
+def test_binary_decode_views_the_message_bytes() -> None:
+    """Zero-copy: the decoded ids and rows are read-only views of the message buffer, not copies."""
+    d = _delta(ids=np.arange(1000, dtype=np.int64), values=np.ones((1000, 2), np.float32))
+    raw = encode_delta(d)
+    got = decode_delta(raw)
+    assert got.values is not None
+    buf = np.frombuffer(raw, np.uint8)
+    assert np.shares_memory(got.ids, buf) and np.shares_memory(got.values, buf)
+    assert not got.ids.flags.writeable and not got.values.flags.writeable
+    assert got == d
 
 
 def test_arrays_are_read_only_and_typed() -> None:

@@ -159,3 +159,88 @@ def test_group_buffer_matches_a_newest_wins_store(seq: list[tuple[list[int], boo
     ):
         apply(state, k, (t, q), (row[0], row[1]))
     assert state == reference
+
+
+_Row = tuple[tuple[int, int], tuple[float, float] | None]
+
+
+def _store(store: dict[int, _Row], k: int, version: tuple[int, int], row: tuple[float, float] | None) -> None:
+    if k not in store or version >= store[k][0]:
+        store[k] = (version, row)
+
+
+def _applied(r: Any) -> dict[int, _Row]:
+    """A newest-wins store after the built group's deletes and upserts."""
+    state: dict[int, _Row] = {}
+    for k, t, q in zip(
+        r.delete_ids.tolist(), r.delete_timestamps_ms.tolist(), r.delete_seqs.tolist(), strict=True
+    ):
+        _store(state, k, (t, q), None)
+    for k, row, t, q in zip(
+        r.upsert_ids.tolist(),
+        r.upsert_values.tolist(),
+        r.upsert_timestamps_ms.tolist(),
+        r.upsert_seqs.tolist(),
+        strict=True,
+    ):
+        _store(state, k, (t, q), (row[0], row[1]))
+    return state
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=40, unique=True),
+    st.lists(
+        st.tuples(st.integers(1, 8), st.booleans(), st.integers(0, 3), st.integers(0, 2)),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_group_buffer_without_repeated_ids_matches_a_newest_wins_store(
+    ids: list[int], cuts: list[tuple[int, bool, int, int]]
+) -> None:
+    """The no-repeat fast paths (bulk upserts, upserts mixed with deletes, one chunk or many) keep arrival order."""
+    reference: dict[int, _Row] = {}
+    buf = GroupBuffer(key=GroupKey("m", 0, "t"), dim=DIM)
+    pos = 0
+    for i, (size, upsert, ts, sq) in enumerate(cuts):
+        part = ids[pos : pos + size]
+        if not part:
+            break
+        pos += size
+        values = np.array([[i, j] for j in range(len(part))], np.float32) if upsert else None
+        for j, k in enumerate(part):
+            _store(reference, k, (ts, sq), None if values is None else (float(i), float(j)))
+        buf.add(np.array(part, np.int64), values, timestamp_ms=ts, record=i, sequence=sq)
+    r = buf.build().rows
+    assert _applied(r) == reference
+    arrival = [k for k in ids if k in reference]
+    assert r.upsert_ids.tolist() + r.delete_ids.tolist() == [
+        k for k in arrival if reference[k][1] is not None
+    ] + [k for k in arrival if reference[k][1] is None]
+
+
+def test_one_bulk_chunk_is_passed_through_without_a_copy() -> None:
+    """A group of one message's rows (no repeats, upserts): the write sends views of the decoded message."""
+    ids = np.arange(1000, dtype=np.int64)
+    values = np.ones((1000, DIM), np.float32)
+    r = coalesce([Chunk(ids, values, 5, 1)], DIM)
+    assert np.shares_memory(r.upsert_ids, ids) and np.shares_memory(r.upsert_values, values)
+    assert r.upsert_timestamps_ms.tolist() == [5] * 1000 and r.upsert_seqs.tolist() == [1] * 1000
+    many = coalesce([Chunk(ids[:500], values[:500]), Chunk(ids[500:], values[500:])], DIM)
+    assert many.upsert_ids.tolist() == ids.tolist() and many.upsert_values.shape == (1000, DIM)
+
+
+def test_split_by_shard_of_a_one_shard_delta_returns_its_own_arrays() -> None:
+    ids = np.arange(200, dtype=np.int64)
+    ids = ids[shard_for(ids, 4) == 3]
+    delta = EmbeddingDelta(
+        model="m",
+        table="t",
+        op="upsert",
+        ids=ids,
+        values=np.zeros((len(ids), DIM), np.float32),
+        timestamp_ms=0,
+    )
+    ((shard, s_ids, s_vals),) = split_by_shard(delta, 4)
+    assert shard == 3 and s_ids is delta.ids and s_vals is delta.values

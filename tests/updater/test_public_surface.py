@@ -70,6 +70,7 @@ SURFACE = {
     "updater.ingest": {"RecordDecoder", "Route"},
     "updater.deadletter": {"DeadLetterer", "dead_letter_headers"},
     "updater.kafka_client": {"DeadLetterProducer", "KafkaClient", "Record"},
+    "updater.wire": {"predict_request"},
     "updater.replicas": {"NEVER", "PositionBook", "Replica"},
     "updater.catchup": {"CatchUpTasks", "catch_up"},
     "updater.producer": {"DeltaPublisher", "PublishResult", "load_rows", "message_key"},
