@@ -56,8 +56,12 @@ class BackendClient:
             )
             for name, (path, req, resp) in _METHODS.items()
         }
+        # Predict with serialized messages in and out (pass-through forwarding: no re-serialization)
+        self._predict_bytes = channel.unary_unary(_METHODS["Predict"][0])
 
-    async def _call(self, method: str, request: Any, deadline: float) -> Any:
+    async def _call(
+        self, method: str, request: Any, deadline: float, stub: Callable[..., Any] | None = None
+    ) -> Any:
         timeout = deadline - time.monotonic()
         if timeout <= 0:
             self._observe(self.target, method, 0.0, Code.DEADLINE_EXCEEDED.name)
@@ -66,7 +70,7 @@ class BackendClient:
         code = "OK"
         try:
             with map_grpc_errors():
-                return await self._stubs[method](request, timeout=timeout)
+                return await (stub or self._stubs[method])(request, timeout=timeout)
         except GatewayError as exc:
             code = exc.code.name
             raise
@@ -75,6 +79,10 @@ class BackendClient:
 
     async def predict(self, req: tfs_pb2.PredictRequest, deadline: float) -> tfs_pb2.PredictResponse:
         return await self._call("Predict", req, deadline)  # type: ignore[no-any-return]
+
+    async def predict_bytes(self, req: bytes, deadline: float) -> bytes:
+        """Predict with a serialized PredictRequest; returns the serialized PredictResponse as the backend sent it."""
+        return await self._call("Predict", req, deadline, self._predict_bytes)  # type: ignore[no-any-return]
 
     async def classify(
         self, req: tfs_pb2.ClassificationRequest, deadline: float
