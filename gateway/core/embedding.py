@@ -12,6 +12,7 @@ import numpy as np
 from gateway.backends.client import BackendClient, ReplicaSet
 from gateway.cache import RowSource, ShardRows
 from gateway.coalesce import Coalescer
+from gateway.codec.numeric import numeric_ndarray
 from gateway.codec.tensor import from_ndarray, to_ndarray
 from gateway.core.manifests import ManifestStore
 from gateway.core.metadata import MetadataCache
@@ -134,7 +135,7 @@ class EmbeddingServable(Servable):
             key = lookup_values_output(t.name)
             if key not in resp.outputs:
                 raise Internal(f"PS shard {shard} of {self.name} returned no {key}")
-            out[t.name] = to_ndarray(resp.outputs[key]).reshape(-1, t.dim).astype(np.float32, copy=False)
+            out[t.name] = _ndarray(resp.outputs[key]).reshape(-1, t.dim).astype(np.float32, copy=False)
         return out, _version_text(answered_version(resp))
 
     async def run(
@@ -163,7 +164,7 @@ class EmbeddingServable(Servable):
         for k, arr in {**pooled, **batch.dense}.items():
             _put(inputs[k], arr, _DT_FLOAT, np.float32)
         resp = await self.entry.predict(req, deadline)
-        outputs = {k: to_ndarray(t) for k, t in resp.outputs.items()}
+        outputs = {k: _ndarray(t) for k, t in resp.outputs.items()}
         return outputs, _version_text(answered_version(resp))
 
     async def _serve(
@@ -294,6 +295,11 @@ def _put(
     for d in arr.shape:
         dims.add(size=d)
     t.tensor_content = np.ascontiguousarray(arr, dtype=np_dtype).tobytes()
+
+
+def _ndarray(t: tfs_pb2.TensorProto) -> np.ndarray:
+    fast = numeric_ndarray(t)
+    return fast if fast is not None else to_ndarray(t)
 
 
 def _version_text(version: int | None) -> str:

@@ -19,10 +19,11 @@ feature takes raw ids like any other. Lookup features are mapped to PS keys (voc
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 import numpy as np
 
+from gateway.codec.numeric import numeric_ndarray
 from gateway.codec.tensor import to_ndarray
 from gateway.errors import GatewayError, InvalidArgument
 from gateway.features import FeatureBatch, SparseInput, map_lookups, string_features
@@ -56,34 +57,10 @@ def batch_from_tensors(tensors: Mapping[str, tfs_pb2.TensorProto], manifest: Man
     return map_lookups(FeatureBatch(size=size, sparse=sparse, dense=dense), manifest)
 
 
-# The dtypes features arrive in, decoded here without the general decoder's per-call overhead: ids and values
-# are small tensors, so the fixed cost per tensor is most of their decoding cost at small batches.
-_FAST: Final[dict[int, tuple[np.dtype[Any], str]]] = {
-    tfs_pb2.DataType.DT_INT64: (np.dtype("<i8"), "int64_val"),
-    tfs_pb2.DataType.DT_INT32: (np.dtype("<i4"), "int_val"),
-    tfs_pb2.DataType.DT_FLOAT: (np.dtype("<f4"), "float_val"),
-    tfs_pb2.DataType.DT_DOUBLE: (np.dtype("<f8"), "double_val"),
-}
-
-
 def _decode(name: str, t: tfs_pb2.TensorProto) -> np.ndarray:
-    fast = _FAST.get(t.dtype)
-    if fast is not None and not t.tensor_shape.unknown_rank:
-        # exactly what to_ndarray gives when the tensor holds one value per element; anything else (repeated
-        # last value, wrong byte count, other dtypes) goes to to_ndarray, which also words the errors
-        dtype, field = fast
-        shape = [d.size for d in t.tensor_shape.dim]
-        n = 1
-        for d in shape:
-            n *= d
-        content = t.tensor_content
-        if content:
-            if len(content) == n * dtype.itemsize:
-                return np.frombuffer(content, dtype=dtype).reshape(shape)
-        else:
-            vals = getattr(t, field)
-            if len(vals) == n and n:
-                return np.array(vals, dtype=dtype).reshape(shape)
+    fast = numeric_ndarray(t)  # ids and values are small tensors: skip to_ndarray's fixed cost
+    if fast is not None:
+        return fast
     try:
         return to_ndarray(t)
     except GatewayError as exc:
