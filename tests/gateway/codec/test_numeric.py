@@ -67,3 +67,13 @@ def test_common_cases_take_the_fast_path() -> None:
     unknown = tfs_pb2.TensorProto(dtype=DT.DT_FLOAT)
     unknown.tensor_shape.unknown_rank = True
     assert numeric_ndarray(unknown) is None
+
+
+def test_many_typed_values() -> None:
+    t = tfs_pb2.TensorProto(dtype=DT.DT_FLOAT)
+    t.tensor_shape.dim.add(size=1000)
+    t.float_val.extend(np.linspace(-1, 1, 1000, dtype=np.float32).tolist())
+    fast = numeric_ndarray(t)
+    assert fast is not None
+    np.testing.assert_array_equal(fast, to_ndarray(t))
+    assert fast.dtype == np.float32
