@@ -13,11 +13,13 @@ Measured, per batch size, interleaved (every round runs every target once, in a 
 * ``whole``: ghz, gRPC Predict of the whole SavedModel (the baseline the split must approach);
 * ``split_bare``: ``benchmarks.split_client`` (own process), the PS lookups + entry call with inputs pooled once;
 * ``gateway_rest``: vegeta, REST ``:predict`` of the instances through the gateway;
-* ``gateway_grpc``: ghz, gRPC Predict of the features through the gateway (when the gateway has a gRPC port).
+* ``gateway_grpc``: ghz, gRPC Predict of the features through the gateway (when the gateway has a gRPC port);
+* ``gateway_grpc_cache``: the same through a second gateway with a hot-row cache (``--cache-mib``, fed by a Kafka
+  broker); the requests repeat, so the cache is warm.
 
-Latency is p50/p99 at one client; throughput is requests/s at ``--clients`` clients (default 4) at batch 64. Pass-
-through: gateway (REST and gRPC) vs direct gRPC to ``demo_whole`` at 8 clients. Ratios are per round, then the median
-and the min-max spread over rounds are reported. Prints one JSON document; ``--write FILE`` also rewrites the section
+Latency is p50/p99 at one client; throughput is requests/s at ``--clients`` clients (default 4) at batch 64 (every
+target, the cached gateway included). Pass-through: gateway (REST and gRPC) vs direct gRPC to ``demo_whole`` at 8
+clients. Ratios are per round, then the median and the min-max spread over rounds are reported. Prints one JSON document; ``--write FILE`` also rewrites the section
 between the ``serving_bench`` markers of FILE and a PNG plot beside it (``img/serving_latency.png``).
 """
 
@@ -27,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import platform
 import statistics
 import sys
@@ -283,8 +286,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tests.support.servers import serve_local
 
     report: dict[str, Any] = {
-        "machine": {"cores": __import__("os").cpu_count(), "python": platform.python_version()},
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
         "command": "python -m benchmarks.serving_bench " + " ".join(sys.argv[1:]),
+        "load_average_start": round(os.getloadavg()[0], 1),
     }
     with tempfile.TemporaryDirectory(prefix="servingbench-") as tmp_s:
         tmp = Path(tmp_s)
@@ -387,6 +391,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 clients=args.clients,
                                 seconds=args.seconds,
                             )
+                        if cache_port is not None:
+                            tput["gateway_grpc_cache"] = partial(
+                                ghz,
+                                f"127.0.0.1:{cache_port}",
+                                greq,
+                                proto_set,
+                                clients=args.clients,
+                                seconds=args.seconds,
+                            )
                         print(f"batch {b}: throughput at {args.clients} clients", file=sys.stderr, flush=True)
                         report["throughput"] = {
                             "batch": b,
@@ -423,13 +436,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "p99_ms": _summary(rounds, "p99_ms", "direct_grpc"),
                 }
                 report["gateway_rss_mb_after"] = round(_rss_mb(gw.proc.pid), 1)
+                report["load_average_end"] = round(os.getloadavg()[0], 1)
     return report
+
+
+def _load_line(report: dict[str, Any]) -> str:
+    start, end = report.get("load_average_start"), report.get("load_average_end")
+    return f"Load average (1 min, other jobs included) at the start / end of the run: {start} / {end}."
 
 
 def _table(report: dict[str, Any]) -> str:
     lines = [
         f"Machine: {report['machine']['cores']} cores; command: `{report['command']}`; load generators: ghz (gRPC),",
         "vegeta (HTTP), benchmarks.split_client (own process). Median over rounds, [min-max] in brackets.",
+        _load_line(report),
         "",
         "**Latency p50 at one client (ms) and ratio to the whole model**",
         "",

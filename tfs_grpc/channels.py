@@ -116,13 +116,14 @@ def open_channel(
 
 
 def stub(
-    channel: grpc.aio.Channel, method: str, *, serialized: bool = False
+    channel: grpc.aio.Channel, method: str, *, serialized: bool = False, serialized_response: bool = False
 ) -> grpc.aio.UnaryUnaryMultiCallable:
     """The callable of ``method`` (a key of :data:`METHODS`) on ``channel``; responses are parsed messages. With
-    ``serialized`` the callable takes the request as bytes instead of a message."""
+    ``serialized`` the callable takes the request as bytes instead of a message; with ``serialized_response`` it
+    returns the response's bytes unparsed."""
     path, request, response = METHODS[method]
     return channel.unary_unary(
         path,
         request_serializer=None if serialized else request.SerializeToString,
-        response_deserializer=response.FromString,
+        response_deserializer=None if serialized_response else response.FromString,
     )

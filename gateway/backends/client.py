@@ -37,8 +37,12 @@ class BackendClient:
         self._stubs: dict[str, Callable[..., Any]] = {name: stub(channel, name) for name in METHODS}
         # a Predict on a PS's ``stream_position`` signature, under its own name in the backend call metrics
         self._stubs["StreamPosition"] = self._stubs["Predict"]
+        # Predict with serialized messages in and out (pass-through forwarding: no re-serialization)
+        self._predict_bytes = stub(channel, "Predict", serialized=True, serialized_response=True)
 
-    async def _call(self, method: str, request: Any, deadline: float) -> Any:
+    async def _call(
+        self, method: str, request: Any, deadline: float, call: Callable[..., Any] | None = None
+    ) -> Any:
         timeout = deadline - time.monotonic()
         if timeout <= 0:
             self._observe(self.target, method, 0.0, Code.DEADLINE_EXCEEDED.name)
@@ -47,7 +51,7 @@ class BackendClient:
         code = "OK"
         try:
             with map_grpc_errors():
-                return await self._stubs[method](request, timeout=timeout)
+                return await (call or self._stubs[method])(request, timeout=timeout)
         except GatewayError as exc:
             code = exc.code.name
             raise
@@ -56,6 +60,10 @@ class BackendClient:
 
     async def predict(self, req: tfs_pb2.PredictRequest, deadline: float) -> tfs_pb2.PredictResponse:
         return await self._call("Predict", req, deadline)  # type: ignore[no-any-return]
+
+    async def predict_bytes(self, req: bytes, deadline: float) -> bytes:
+        """Predict with a serialized PredictRequest; returns the serialized PredictResponse as the backend sent it."""
+        return await self._call("Predict", req, deadline, self._predict_bytes)  # type: ignore[no-any-return]
 
     async def classify(
         self, req: tfs_pb2.ClassificationRequest, deadline: float

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
 from gateway.backends.client import BackendClient, ReplicaSet
 from gateway.cache import RowSource, ShardRows
 from gateway.coalesce import Coalescer
+from gateway.codec.numeric import numeric_ndarray
 from gateway.codec.tensor import from_ndarray, to_ndarray
 from gateway.core.manifests import ManifestStore
 from gateway.core.metadata import MetadataCache
@@ -126,18 +127,16 @@ class EmbeddingServable(Servable):
         req = tfs_pb2.PredictRequest(
             model_spec=model_spec(self.config.served_ps_name(shard), spec, LOOKUP_SIGNATURE)
         )
+        inputs = req.inputs
         for t in manifest.tables:
-            arr = ids.get(t.name, np.zeros(0, dtype=np.int64))
-            req.inputs[lookup_ids_input(t.name)].CopyFrom(
-                from_ndarray(np.asarray(arr, dtype=np.int64), tfs_pb2.DataType.DT_INT64)
-            )
+            _put(inputs[lookup_ids_input(t.name)], ids.get(t.name, _NO_IDS), _DT_INT64, np.int64)
         resp = await self.shards[shard].predict(req, deadline)
         out: dict[str, np.ndarray] = {}
         for t in manifest.tables:
             key = lookup_values_output(t.name)
             if key not in resp.outputs:
                 raise Internal(f"PS shard {shard} of {self.name} returned no {key}")
-            out[t.name] = to_ndarray(resp.outputs[key]).reshape(-1, t.dim).astype(np.float32, copy=False)
+            out[t.name] = _ndarray(resp.outputs[key]).reshape(-1, t.dim).astype(np.float32, copy=False)
         return out, _version_text(answered_version(resp))
 
     async def run(
@@ -162,10 +161,11 @@ class EmbeddingServable(Servable):
         shard_values = (await self.rows.lookup(plan.shard_ids, spec, deadline)).values
         pooled = await offload(pool, plan, shard_values, batch, manifest)
         req = tfs_pb2.PredictRequest(model_spec=model_spec(self.served, spec, manifest.entry.signature_name))
+        inputs = req.inputs
         for k, arr in {**pooled, **batch.dense}.items():
-            req.inputs[k].CopyFrom(from_ndarray(np.asarray(arr, dtype=np.float32), tfs_pb2.DataType.DT_FLOAT))
+            _put(inputs[k], arr, _DT_FLOAT, np.float32)
         resp = await self.entry.predict(req, deadline)
-        outputs = {k: to_ndarray(t) for k, t in resp.outputs.items()}
+        outputs = {k: _ndarray(t) for k, t in resp.outputs.items()}
         return outputs, _version_text(answered_version(resp))
 
     async def _serve(
@@ -282,6 +282,28 @@ class EmbeddingServable(Servable):
             if not await available(client, served, deadline):
                 return False
         return True
+
+
+_DT_FLOAT: Final = tfs_pb2.DataType.DT_FLOAT
+_DT_INT64: Final = tfs_pb2.DataType.DT_INT64
+_NO_IDS: Final = np.zeros(0, dtype=np.int64)
+
+
+def _put(
+    t: tfs_pb2.TensorProto, arr: np.ndarray, dtype: tfs_pb2.DataType, np_dtype: type[np.generic]
+) -> None:
+    """Fill the request's tensor ``t`` in place with ``arr`` as ``dtype`` (``tensor_content``): the bytes
+    ``from_ndarray`` would give, without building a TensorProto and copying it in."""
+    t.dtype = dtype
+    dims = t.tensor_shape.dim
+    for d in arr.shape:
+        dims.add(size=d)
+    t.tensor_content = np.ascontiguousarray(arr, dtype=np_dtype).tobytes()
+
+
+def _ndarray(t: tfs_pb2.TensorProto) -> np.ndarray:
+    fast = numeric_ndarray(t)
+    return fast if fast is not None else to_ndarray(t)
 
 
 def _version_text(version: int | None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from gateway.backends.client import BackendClient
 from gateway.core.metadata import MetadataCache
@@ -16,7 +17,7 @@ from gateway.core.requests import (
     VersionSpec,
 )
 from gateway.core.servable import Servable, StatusClient, available, is_hidden_signature
-from gateway.errors import FailedPrecondition, GatewayError, InvalidArgument
+from gateway.errors import FailedPrecondition, GatewayError, Internal, InvalidArgument
 from gateway.limits import offload
 from schemas.deployment import PassthroughModel
 from schemas.proto import tfs_pb2
@@ -54,6 +55,9 @@ class PassthroughServable(Servable):
         self, inputs: Inputs, signature: str, spec: VersionSpec, deadline: float
     ) -> PredictResult:
         if inputs.typed:
+            wire = getattr(inputs, "wire", None)
+            if isinstance(wire, bytes):
+                return await self._forward(wire, signature, spec, deadline)
             return await self._call(inputs.tensors(None), signature, spec, None, deadline)
         try:
             return await self._predict_untyped(inputs, signature, spec, deadline)
@@ -102,6 +106,33 @@ class PassthroughServable(Servable):
         if answered is None:
             answered = used
         return PredictResult(resp.outputs, answered, resp.model_spec.signature_name or signature)
+
+    async def _forward(
+        self, wire: bytes, signature: str, spec: VersionSpec, deadline: float
+    ) -> PredictResult:
+        """Forward the client's serialized PredictRequest ``wire`` as it is, with the ModelSpec the backend needs
+        appended: a ModelSpec occurring twice is merged field by field when parsed (protobuf's rule for a singular
+        message field, in every implementation, TF Serving's C++ included), so the backend reads the client's
+        ModelSpec with the name replaced by ``served`` and, when ``spec`` resolved a configured label, the version
+        set (which clears the label: version and version_label are one oneof). Everything else (inputs,
+        signature_name, a label passed through) reaches the backend byte for byte, as with :meth:`_call`. The
+        backend's answer is parsed once (its version, and the outputs for a front end that needs them) and kept
+        serialized in ``PredictResult.wire`` for a front end that can relay it."""
+        patch = tfs_pb2.ModelSpec(name=self.served)
+        if spec.version is not None:
+            patch.version.value = spec.version
+        raw = await self.client.predict_bytes(
+            wire + tfs_pb2.PredictRequest(model_spec=patch).SerializeToString(), deadline
+        )
+        try:
+            resp = tfs_pb2.PredictResponse.FromString(raw)
+        except DecodeError as exc:
+            raise Internal(f"backend sent an unreadable PredictResponse: {exc}") from None
+        # relayed as it is unless the backend named a version label (a built reply carries none)
+        relay = raw if resp.model_spec.WhichOneof("version_choice") != "version_label" else None
+        return PredictResult(
+            resp.outputs, answered_version(resp), resp.model_spec.signature_name or signature, wire=relay
+        )
 
     async def classify(
         self, inp: tfs_pb2.Input, signature: str, spec: VersionSpec, deadline: float

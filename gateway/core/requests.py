@@ -121,6 +121,9 @@ class PredictResult:
     degraded: str | None = (
         None  # why the answer is degraded (front ends send it as X-Embedgate-Degraded); None: not
     )
+    # The backend's serialized PredictResponse when the request was forwarded as bytes (a pass-through model's
+    # inputs with ``wire`` set, see gateway.core.passthrough); its model_spec names the backend's servable.
+    wire: bytes | None = None
 
 
 @dataclass(frozen=True, eq=False)

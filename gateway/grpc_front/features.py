@@ -23,6 +23,7 @@ from typing import Final
 
 import numpy as np
 
+from gateway.codec.numeric import numeric_ndarray
 from gateway.codec.tensor import to_ndarray
 from gateway.errors import GatewayError, InvalidArgument
 from gateway.features import FeatureBatch, SparseInput, map_lookups, string_features
@@ -47,8 +48,9 @@ def batch_from_tensors(tensors: Mapping[str, tfs_pb2.TensorProto], manifest: Man
     arrays = {name: _decode(name, t) for name, t in tensors.items()}
     size = _batch_size(arrays, manifest)
     lookups = lookups_of(manifest)
+    strings = string_features(manifest) if lookups else frozenset()
     sparse = {
-        f.name: _sparse(f, arrays, size, lookups[f.name] if f.name in string_features(manifest) else None)
+        f.name: _sparse(f, arrays, size, lookups[f.name] if f.name in strings else None)
         for f in manifest.sparse_features
     }
     dense = {d.name: _dense(d, arrays, size) for d in manifest.dense_features}
@@ -56,6 +58,9 @@ def batch_from_tensors(tensors: Mapping[str, tfs_pb2.TensorProto], manifest: Man
 
 
 def _decode(name: str, t: tfs_pb2.TensorProto) -> np.ndarray:
+    fast = numeric_ndarray(t)  # ids and values are small tensors: skip to_ndarray's fixed cost
+    if fast is not None:
+        return fast
     try:
         return to_ndarray(t)
     except GatewayError as exc:

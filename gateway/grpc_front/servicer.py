@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from gateway.core.requests import (
     ClassifyRequest,
@@ -48,12 +49,16 @@ _Resp = TypeVar("_Resp")
 
 
 class TensorInputs:
-    """Predict inputs that arrived as TensorProtos: forwarded as they are, or read as embedding features."""
+    """Predict inputs that arrived as TensorProtos: forwarded as they are, or read as embedding features.
+
+    ``wire``: the client's serialized PredictRequest when a pass-through model may forward it as it is (no
+    ``output_filter``: the gateway applies that one itself), else None."""
 
     typed = True
 
-    def __init__(self, tensors: Mapping[str, tfs_pb2.TensorProto]) -> None:
+    def __init__(self, tensors: Mapping[str, tfs_pb2.TensorProto], wire: bytes | None = None) -> None:
         self._tensors = tensors
+        self.wire = wire
 
     def tensors(self, dtypes: Mapping[str, int] | None) -> dict[str, tfs_pb2.TensorProto]:
         return dict(self._tensors)
@@ -93,6 +98,17 @@ def _filtered(
                 f"{{{','.join(sorted(outputs))}}}."
             )
     return {name: outputs[name] for name in wanted}
+
+
+def _relayed(wire: bytes, name: str, signature: str) -> bytes:
+    """The backend's serialized PredictResponse ``wire`` as the reply :func:`_reply_spec` gives: a ModelSpec with
+    the client's model name and ``signature`` appended. A singular message field that occurs twice is merged when
+    parsed (protobuf's rule, in every implementation), so clients read the backend's ModelSpec (its version) with
+    those two fields replaced; the outputs are the backend's bytes, never decoded or copied field by field."""
+    patch: bytes = tfs_pb2.PredictResponse(
+        model_spec=tfs_pb2.ModelSpec(name=name, signature_name=signature)
+    ).SerializeToString()
+    return wire + patch
 
 
 class _Servicer:
@@ -143,19 +159,29 @@ class _Servicer:
             raise Internal("gateway is not started")
         return self.rt.gateway
 
-    async def predict(
-        self, request: tfs_pb2.PredictRequest, context: grpc.aio.ServicerContext
-    ) -> tfs_pb2.PredictResponse:
+    async def predict(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Predict, registered with bytes in and out: the request is parsed here (once) and a pass-through model's
+        answer is relayed as the backend serialized it, with the client's ModelSpec appended (see
+        :func:`_relayed`); every other answer is built and serialized here."""
+        try:
+            request = tfs_pb2.PredictRequest.FromString(raw)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Cannot parse the PredictRequest message")
+            raise AssertionError("unreachable: abort raises") from None  # pragma: no cover
         ms = request.model_spec
+        wanted = list(request.output_filter)
 
-        async def go(deadline: float) -> tuple[tfs_pb2.PredictResponse, int | None, str | None]:
-            req = PredictRequest(ms.name, _version_spec(ms), ms.signature_name, TensorInputs(request.inputs))
+        async def go(deadline: float) -> tuple[bytes, int | None, str | None]:
+            inputs = TensorInputs(request.inputs, None if wanted else raw)
+            req = PredictRequest(ms.name, _version_spec(ms), ms.signature_name, inputs)
             res = await self._gw.handle(req, deadline)
-            outputs = _filtered(res.outputs, list(request.output_filter))
+            if res.wire is not None and not wanted:
+                return _relayed(res.wire, ms.name, res.signature), res.version, res.degraded
+            outputs = _filtered(res.outputs, wanted)
             resp = tfs_pb2.PredictResponse(model_spec=_reply_spec(ms.name, res.version, res.signature))
             for k, t in outputs.items():
                 resp.outputs[k].CopyFrom(t)
-            return resp, res.version, res.degraded
+            return resp.SerializeToString(), res.version, res.degraded
 
         return await self._run("predict", ms.name, context, go)
 
@@ -228,13 +254,18 @@ def _unary(fn: Any, req: Any, resp: Any) -> grpc.RpcMethodHandler:
     )
 
 
+def _unary_bytes(fn: Any) -> grpc.RpcMethodHandler:
+    """A handler that takes and returns serialized messages (it parses and serializes them itself)."""
+    return grpc.unary_unary_rpc_method_handler(fn)
+
+
 def generic_handlers(rt: Runtime) -> tuple[grpc.GenericRpcHandler, ...]:
     """Handlers for TF Serving's PredictionService and ModelService.GetModelStatus, answered by ``rt``'s gateway."""
     s = _Servicer(rt)
     prediction = grpc.method_handlers_generic_handler(
         PREDICTION_SERVICE,
         {
-            "Predict": _unary(s.predict, tfs_pb2.PredictRequest, tfs_pb2.PredictResponse),
+            "Predict": _unary_bytes(s.predict),
             "Classify": _unary(s.classify, tfs_pb2.ClassificationRequest, tfs_pb2.ClassificationResponse),
             "Regress": _unary(s.regress, tfs_pb2.RegressionRequest, tfs_pb2.RegressionResponse),
             "GetModelMetadata": _unary(

@@ -171,3 +171,33 @@ def test_rows_are_held_for_one_pinned_version() -> None:
     assert len(ps.asked) == 4 and cache.version == 2
     asyncio.run(src.lookup([{"t": np.array([1], dtype=np.int64)}], VersionSpec(label="canary"), 0.0))
     assert len(ps.asked) == 5  # a passed-through label names no known version
+
+
+def test_get_many_is_get_for_every_shard_and_table() -> None:
+    """One pass over every (shard, table) answers what per-table gets answer, and counts hits, misses and LRU
+    recency the same way (empty id arrays included)."""
+    rng = np.random.default_rng(5)
+
+    def filled() -> RowCache:
+        cache = RowCache("m", {"a": DIM, "b": 2}, max_bytes=10**6, settle_s=0.0)
+        cache.set_serving(True)
+        ids = np.arange(0, 40, 2, dtype=np.int64)
+        cache.fill(cache.begin_read(), "a", ids, np.repeat(ids[:, None], DIM, axis=1).astype(np.float32))
+        cache.fill(cache.begin_read(), "b", ids, np.repeat(ids[:, None], 2, axis=1).astype(np.float32))
+        return cache
+
+    for _ in range(20):
+        shard_ids = [
+            {t: np.unique(rng.integers(0, 40, rng.integers(0, 8))).astype(np.int64) for t in ("a", "b")}
+            for _ in range(3)
+        ]
+        one, many = filled(), filled()
+        masks, found, missed = many.get_many(shard_ids)
+        for s, shard in enumerate(shard_ids):
+            for t, ids in shard.items():
+                mask, rows = one.get(t, ids)
+                np.testing.assert_array_equal(masks[s][t], mask)
+                assert found[s][t].shape == rows.shape and found[s][t].dtype == np.float32
+                np.testing.assert_array_equal(found[s][t], rows)
+        assert (many.hits, many.misses) == (one.hits, one.misses) and missed == one.misses
+        assert list(many._rows) == list(one._rows)  # the same LRU order

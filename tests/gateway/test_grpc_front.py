@@ -292,6 +292,30 @@ def test_passthrough_predict_versions_labels(front: Front) -> None:
     assert _code(exc) == grpc.StatusCode.NOT_FOUND and "nope" in _details(exc)
 
 
+def test_passthrough_output_filter_and_unreadable_request(front: Front) -> None:
+    """Requests with output_filter take the built-reply path (the gateway filters); others are relayed as bytes.
+    Both answer the same outputs. Bytes that are no PredictRequest are INVALID_ARGUMENT, not INTERNAL."""
+    import tensorflow as tf
+
+    x = {
+        "a": tf.make_tensor_proto(np.array([[1.0, 2.0], [0.5, 0.5]], dtype=np.float32)),
+        "n": tf.make_tensor_proto(np.array([3, 4], dtype=np.int64)),
+        "s": tf.make_tensor_proto(np.array([b"ab", b"c"], dtype=object)),
+    }
+    full = front.predictions.Predict(_predict_request("multi", x), _TIMEOUT)
+    assert sorted(full.outputs) == ["len", "s_bytes", "sum"] and full.model_spec.name == "multi"
+    req = _predict_request("multi", x)
+    req.output_filter.append("sum")
+    only = front.predictions.Predict(req, _TIMEOUT)
+    assert list(only.outputs) == ["sum"] and only.model_spec.name == "multi"
+    assert only.outputs["sum"].SerializeToString() == full.outputs["sum"].SerializeToString()
+    np.testing.assert_allclose(tf.make_ndarray(only.outputs["sum"]), [6.0, 5.0])
+    raw = front.channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+    with pytest.raises(grpc.RpcError) as exc:
+        raw(b"\xff\xff\xff", timeout=_TIMEOUT)
+    assert _code(exc) == grpc.StatusCode.INVALID_ARGUMENT and "PredictRequest" in _details(exc)
+
+
 def test_passthrough_classify_regress_metadata_status(front: Front) -> None:
     from tensorflow_serving.apis import (
         classification_pb2,
