@@ -248,11 +248,15 @@ async def test_unversioned_record_in_the_wrong_partition_is_dead_lettered() -> N
 
 async def test_versioned_record_in_the_wrong_partition_is_applied_and_counted() -> None:
     rig = Rig(FakeClient())
-    rig.client.feed(delta_record(1, 0, S0[:1], ts=5))  # shard 0's rows in partition 1: ordered by their version
+    rig.client.feed(
+        delta_record(1, 0, S0[:1], ts=5)
+    )  # shard 0's rows in partition 1: ordered by their version
     await rig.until(lambda: rig.client.last_commit(1) == 1, "committed")
     assert rig.producer.sent == []
     assert len(rig.writer.acked) == 1
-    misplaced = [s.value for m in rig.metrics.misplaced.collect() for s in m.samples if s.name.endswith("_total")]
+    misplaced = [
+        s.value for m in rig.metrics.misplaced.collect() for s in m.samples if s.name.endswith("_total")
+    ]
     assert misplaced == [1.0]
     await rig.close()
 
