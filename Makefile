@@ -52,7 +52,7 @@ browser:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver; \
 	fi
 
-# mypy --strict on schemas, gateway, updater, embedgate, benchmarks ([tool.mypy] in pyproject.toml).
+# mypy --strict on schemas, tfs_grpc, gateway, updater, embedgate, benchmarks ([tool.mypy] in pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
