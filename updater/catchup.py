@@ -103,9 +103,9 @@ async def _run(
     progress = {t.name: reported.get(t.name, {}).get(key, -1) for t in manifest.tables}
     start = min([*progress.values(), hint]) if hint >= 0 else min(progress.values())
     consumer = consumer_factory()
-    await consumer.start()
     replayed = 0
-    try:
+    try:  # start inside: a catch-up cancelled while connecting still closes what it opened
+        await consumer.start()
         consumer.assign([tp])
         if start < 0:
             await consumer.seek_to_beginning(tp)

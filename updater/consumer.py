@@ -180,10 +180,10 @@ class Updater:
         )
         self._consumer = consumer
         loop = self._compose(consumer, dlq)
-        await dlq.start()
         try:
-            await consumer.start()
+            await dlq.start()
             try:
+                await consumer.start()
                 listener = _Listener(loop)
                 if s.hps_pattern:
                     parts = [re.escape(t) for t in s.delta_topics] + [f"(?:{s.hps_pattern})"]
@@ -264,8 +264,8 @@ class Updater:
         admin = AIOKafkaAdminClient(
             bootstrap_servers=s.bootstrap_servers, client_id=f"{s.client_id}-admin", **self._kafka_security
         )
-        await admin.start()
         try:
+            await admin.start()
             existing = set(await admin.list_topics())
             wanted = [t for t in [*s.delta_topics, s.dead_letter_topic] if t not in existing]
             most_shards = max(r.manifest.num_shards for r in self._routes.values())
