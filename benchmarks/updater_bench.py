@@ -256,9 +256,9 @@ def _cpu(pids: dict[str, int], out: dict[str, float], rows: int) -> Iterator[Non
 
 
 # -- load processes ---------------------------------------------------------------------------------------------
-async def _load(args: list[str], timeout_s: float) -> list[dict[str, Any]]:
-    """Run ``benchmarks.updater_load`` with ``args`` to its end; its JSON lines."""
-    proc = await asyncio.create_subprocess_exec(
+async def _spawn_load(args: list[str]) -> asyncio.subprocess.Process:
+    """``benchmarks.updater_load`` with ``args`` in a process of its own, its output piped."""
+    return await asyncio.create_subprocess_exec(
         _python(),
         "-m",
         "benchmarks.updater_load",
@@ -267,6 +267,11 @@ async def _load(args: list[str], timeout_s: float) -> list[dict[str, Any]]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+async def _load(args: list[str], timeout_s: float) -> list[dict[str, Any]]:
+    """Run ``benchmarks.updater_load`` with ``args`` to its end; its JSON lines."""
+    proc = await _spawn_load(args)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     finally:
@@ -498,15 +503,7 @@ async def _sustain(ctx: _Ctx, rate: float, index: int) -> dict[str, Any]:
         "--probe-first-id",
         str(900_000_000 + index * 1_000_000),
     ]
-    proc = await asyncio.create_subprocess_exec(
-        _python(),
-        "-m",
-        "benchmarks.updater_load",
-        *load_args,
-        cwd=_REPO,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await _spawn_load(load_args)
     pending: dict[int, dict[int, tuple[float, float]]] = {s: {} for s in range(n_shards)}  # id -> value, t
     latencies: list[tuple[float, float]] = []  # (publish time, latency)
     done: dict[str, Any] = {}
