@@ -34,7 +34,15 @@ __all__ = ["ModelService", "PredictionService", "add_services"]
 _log = logging.getLogger(__name__)
 _MESSAGE_LIMIT = 1024
 _SIGNATURE_DEF = "signature_def"
+_NO_DEADLINE_S = 10.0 * 365 * 24 * 3600  # a "deadline" further than ten years away is no deadline
 T = TypeVar("T")
+
+
+def _time_left(context: grpc.ServicerContext) -> float | None:
+    """Seconds left before the call's deadline; None for a call sent without one (gRPC then reports a remaining
+    time near 2**63 seconds, which no session-run timeout in milliseconds can hold)."""
+    left = context.time_remaining()
+    return None if left is None or left > _NO_DEADLINE_S else max(0.0, left)
 
 
 # The generated servicer base is untyped (tensorflow_serving ships no types): subclassing Any.
@@ -48,9 +56,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
             context,
             lambda: self._with_servable(
                 request.model_spec,
-                lambda s: s.predict(
-                    request, as_content=self._tensor_content, timeout=context.time_remaining()
-                ),
+                lambda s: s.predict(request, as_content=self._tensor_content, timeout=_time_left(context)),
             ),
         )
 
@@ -60,7 +66,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
         return _call(
             context,
             lambda: self._with_servable(
-                request.model_spec, lambda s: s.classify(request, timeout=context.time_remaining())
+                request.model_spec, lambda s: s.classify(request, timeout=_time_left(context))
             ),
         )
 
@@ -68,7 +74,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
         return _call(
             context,
             lambda: self._with_servable(
-                request.model_spec, lambda s: s.regress(request, timeout=context.time_remaining())
+                request.model_spec, lambda s: s.regress(request, timeout=_time_left(context))
             ),
         )
 

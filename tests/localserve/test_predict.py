@@ -59,6 +59,11 @@ def test_predict_latest_typed_outputs(stub: prediction_service_pb2_grpc.Predicti
     np.testing.assert_allclose(tf.make_ndarray(resp.outputs["x2"]), [2, 4, 6])
 
 
+def test_calls_without_a_deadline_are_served(stub: prediction_service_pb2_grpc.PredictionServiceStub) -> None:
+    # no timeout: gRPC reports ~2**63 s left, which must not reach TF's millisecond session timeout (was INTERNAL)
+    assert list(stub.Predict(_request("half", _x(1, 2))).outputs["y"].float_val) == [2.5, 3.0]
+
+
 def test_predict_typed_inputs(stub: prediction_service_pb2_grpc.PredictionServiceStub) -> None:
     req = predict_pb2.PredictRequest()
     req.model_spec.name = "half"
