@@ -61,7 +61,10 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tests.support.stack import UpdaterProc
 
 __all__ = ["BEGIN", "END", "main"]
 
@@ -121,66 +124,7 @@ def _build_ps(root: Path, dim: int, shards: int) -> Any:
     return manifest
 
 
-# -- the updater subprocess -----------------------------------------------------------------------------------
-@dataclass
-class _UpdaterProc:
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    metrics_url: str
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return "<no log>"
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(
-                f"embedgate updater exited with {self.proc.returncode}; log tail:\n{self.log_tail()}"
-            )
-
-
-@contextlib.contextmanager
-def _run_updater(
-    config: Path, log_path: Path, metrics_port: int, extra_env: dict[str, str]
-) -> Iterator[_UpdaterProc]:
-    cmd = [_python(), "-m", "embedgate", "updater", "--config", str(config)]
-    # only the YAML counts: EMBEDGATE_* variables of the caller's shell would override it
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDGATE_")} | extra_env
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=_REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-        )
-    upd = _UpdaterProc(proc, log_path, f"http://127.0.0.1:{metrics_port}/metrics")
-    try:
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while True:
-            upd.check_alive()
-            with contextlib.suppress(OSError):
-                _scrape(upd.metrics_url)
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"updater /metrics not up within {_START_TIMEOUT_S:.0f} s")
-            time.sleep(0.1)
-        yield upd
-    finally:
-        _stop(proc)
-
-
-def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGCONT)  # a stopped process would not act on SIGTERM
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
+# -- the updater's metrics ------------------------------------------------------------------------------------
 def _scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -345,7 +289,7 @@ class _Ps:
 
 
 # -- phases -----------------------------------------------------------------------------------------------------
-async def _wait_applied(upd: _UpdaterProc, target: float, timeout_s: float) -> float:
+async def _wait_applied(upd: UpdaterProc, target: float, timeout_s: float) -> float:
     """Poll the rows-applied counter until it reaches ``target``; the monotonic time it was seen."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -385,7 +329,7 @@ class _Ctx:
     ps_target: str
     manifest_dir: Path
     ps: _Ps
-    upd: _UpdaterProc
+    upd: UpdaterProc
     ps_pid: int
 
     def load_args(self, mode: str, first_id: int) -> list[str]:
@@ -859,12 +803,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # run the finally blocks that stop updater, PS and broker
     # the idempotent producer retries NotLeaderForPartition while the topic's leader is elected: not news here
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
-    import yaml
 
     from embedgate.devkafka import KafkaBroker
     from schemas.manifest import ps_dir_name, ps_model_name
     from tests.support.ports import free_port
     from tests.support.servers import serve_local
+    from tests.support.stack import run_updater
 
     t_setup = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="updater-bench-") as tmp_s:
@@ -874,30 +818,24 @@ def main(argv: list[str] | None = None) -> int:
         served = {ps_model_name(_MODEL, i): model_dir / ps_dir_name(i) for i in range(args.shards)}
         with KafkaBroker(tmp / "kafka") as broker, serve_local(served) as ps_server:
             setup_s = time.perf_counter() - t_setup
-            metrics_port = free_port()
-            config = tmp / "updater.yaml"
-            config.write_text(
-                yaml.safe_dump(
+            config = {
+                "models": [
                     {
-                        "models": [
-                            {
-                                "kind": "embedding",
-                                "name": _MODEL,
-                                "manifest": str(model_dir),
-                                "entry": ps_server.target,
-                                "shards": [{"replicas": [ps_server.target]}] * args.shards,
-                            }
-                        ],
-                        "bootstrap_servers": broker.bootstrap,
-                        "hps_topic_pattern": None,
-                        "group_id": "updater-bench",
-                        "metrics_port": metrics_port,
+                        "kind": "embedding",
+                        "name": _MODEL,
+                        "manifest": str(model_dir),
+                        "entry": ps_server.target,
+                        "shards": [{"replicas": [ps_server.target]}] * args.shards,
                     }
-                )
-            )
+                ],
+                "bootstrap_servers": broker.bootstrap,
+                "hps_topic_pattern": None,
+                "group_id": "updater-bench",
+                "metrics_port": free_port(),
+            }
 
-            def upd_factory() -> contextlib.AbstractContextManager[_UpdaterProc]:
-                return _run_updater(config, tmp / "updater.log", metrics_port, dict(args.updater_env))
+            def upd_factory() -> contextlib.AbstractContextManager[UpdaterProc]:
+                return run_updater(config, tmp, ready_timeout_s=_START_TIMEOUT_S, env=dict(args.updater_env))
 
             results = asyncio.run(
                 _measure(

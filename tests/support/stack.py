@@ -16,6 +16,7 @@ the wire protos of ``schemas.proto`` are used here (no TensorFlow, no updater in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -110,8 +111,12 @@ class UpdaterProc:
                 f"the updater exited with {self.proc.returncode}; log tail:\n{self.log_tail()}"
             )
 
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
     def metrics_text(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
             return str(r.read().decode())
 
     def metric(self, name: str, labels: Mapping[str, str] | None = None) -> float:
@@ -126,7 +131,9 @@ class UpdaterProc:
     def kill(self, sig: int = signal.SIGKILL, timeout_s: float = 20.0) -> int:
         """Send ``sig`` and reap the process (SIGKILL after ``timeout_s``); returns its exit status."""
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGCONT)  # a stopped (SIGSTOP) process would not act on SIGTERM
+                self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -143,11 +150,13 @@ def run_updater(
     tag: str = "updater",
     extra_args: Sequence[str] = (),
     ready_timeout_s: float = 60.0,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[UpdaterProc]:
     """Write ``config`` (updater settings; ``metrics_port`` set to a free port unless given) to
     ``<workdir>/<tag>.yaml``, start ``embedgate updater`` on it, wait (bounded) until its metrics endpoint answers;
     SIGTERM it on exit (SIGKILL if it does not stop within 30 s). ``EMBEDGATE_*`` variables of this process are not
-    passed on, so the YAML alone configures it. Output goes to ``<workdir>/<tag>.log``."""
+    passed on, so the YAML alone configures it; ``env`` adds variables (e.g. ``PYTHONMALLOC``). Output goes to
+    ``<workdir>/<tag>.log``."""
     settings = dict(config)
     if not settings.get("metrics_port"):
         settings["metrics_port"] = free_port()
@@ -155,7 +164,7 @@ def run_updater(
     cfg = workdir / f"{tag}.yaml"
     cfg.write_text(yaml.safe_dump(settings))
     log_path = workdir / f"{tag}.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDGATE_")}
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDGATE_")} | dict(env or {})
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [_python(), "-m", "embedgate", "updater", "--config", str(cfg), *extra_args],
@@ -163,7 +172,7 @@ def run_updater(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=child_env,
         )
     upd = UpdaterProc(proc, log_path, int(settings["metrics_port"]))
     try:
