@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,33 @@ def _summary(rounds: list[dict[str, Result]], key: str, baseline: str) -> dict[s
     return out
 
 
+@dataclass(frozen=True)
+class _Loads:
+    """The requests of one batch size and where each target sends them; :meth:`at` gives every target's load
+    generator at ``clients`` clients (``grpc_targets``: target name -> a gateway's gRPC address)."""
+
+    backend: str
+    proto_set: Path
+    seconds: float
+    whole_req: bytes
+    split_file: Path
+    rest_url: str
+    rest_body: bytes
+    grpc_req: bytes
+    grpc_targets: dict[str, str]
+
+    def at(self, clients: int) -> dict[str, Callable[[], Result]]:
+        c, secs = clients, self.seconds
+        out: dict[str, Callable[[], Result]] = {
+            "whole": partial(ghz, self.backend, self.whole_req, self.proto_set, clients=c, seconds=secs),
+            "split_bare": partial(split_client, self.backend, self.split_file, clients=c, seconds=secs),
+            "gateway_rest": partial(vegeta, self.rest_url, self.rest_body, clients=c, seconds=secs),
+        }
+        for name, address in self.grpc_targets.items():
+            out[name] = partial(ghz, address, self.grpc_req, self.proto_set, clients=c, seconds=secs)
+        return out
+
+
 def _interleaved(targets: dict[str, Callable[[], Result]], rounds: int) -> list[dict[str, Result]]:
     names = list(targets)
     out = []
@@ -325,6 +353,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with stack, run_gateway(cfg) as gw:
                 report["gateway_rss_mb_start"] = round(_rss_mb(gw.proc.pid), 1)
                 latency: dict[str, Any] = {}
+                grpc_targets = {
+                    name: f"127.0.0.1:{port}"
+                    for name, port in (("gateway_grpc", grpc_port), ("gateway_grpc_cache", cache_port))
+                    if port is not None
+                }
                 for b in args.batches:
                     instances, _ = make_examples(b, vocab, seed=b)
                     keras_in = demo.keras_inputs(instances)
@@ -333,67 +366,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     rest_body = json.dumps({"instances": instances}).encode()
                     split_file = tmp / f"split_{b}.bin"
                     _split_requests(instances, m, split_file, backend.target)
-                    targets: dict[str, Callable[[], Result]] = {
-                        "whole": partial(
-                            ghz, backend.target, whole_req, proto_set, clients=1, seconds=args.seconds
-                        ),
-                        "split_bare": partial(
-                            split_client, backend.target, split_file, clients=1, seconds=args.seconds
-                        ),
-                        "gateway_rest": partial(
-                            vegeta,
-                            f"{gw.url}/v1/models/{m.model_name}:predict",
-                            rest_body,
-                            clients=1,
-                            seconds=args.seconds,
-                        ),
-                    }
-                    if grpc_port is not None:
-                        greq = _gateway_grpc_request(instances, m)
-                        targets["gateway_grpc"] = partial(
-                            ghz, f"127.0.0.1:{grpc_port}", greq, proto_set, clients=1, seconds=args.seconds
-                        )
-                    if cache_port is not None:
-                        targets["gateway_grpc_cache"] = partial(
-                            ghz, f"127.0.0.1:{cache_port}", greq, proto_set, clients=1, seconds=args.seconds
-                        )
+                    loads = _Loads(
+                        backend=backend.target,
+                        proto_set=proto_set,
+                        seconds=args.seconds,
+                        whole_req=whole_req,
+                        split_file=split_file,
+                        rest_url=f"{gw.url}/v1/models/{m.model_name}:predict",
+                        rest_body=rest_body,
+                        grpc_req=_gateway_grpc_request(instances, m) if grpc_targets else b"",
+                        grpc_targets=grpc_targets,
+                    )
                     print(f"batch {b}: latency at 1 client", file=sys.stderr, flush=True)
-                    latency[str(b)] = _summary(_interleaved(targets, args.rounds), "p50_ms", "whole")
+                    latency[str(b)] = _summary(_interleaved(loads.at(1), args.rounds), "p50_ms", "whole")
                     if b == args.throughput_batch:
-                        rest_url = f"{gw.url}/v1/models/{m.model_name}:predict"
                         by_clients: dict[str, Any] = {}
                         for c in args.clients:
-                            tput: dict[str, Callable[[], Result]] = {
-                                "whole": partial(
-                                    ghz, backend.target, whole_req, proto_set, clients=c, seconds=args.seconds
-                                ),
-                                "split_bare": partial(
-                                    split_client, backend.target, split_file, clients=c, seconds=args.seconds
-                                ),
-                                "gateway_rest": partial(
-                                    vegeta, rest_url, rest_body, clients=c, seconds=args.seconds
-                                ),
-                            }
-                            if grpc_port is not None:
-                                tput["gateway_grpc"] = partial(
-                                    ghz,
-                                    f"127.0.0.1:{grpc_port}",
-                                    greq,
-                                    proto_set,
-                                    clients=c,
-                                    seconds=args.seconds,
-                                )
-                            if cache_port is not None:
-                                tput["gateway_grpc_cache"] = partial(
-                                    ghz,
-                                    f"127.0.0.1:{cache_port}",
-                                    greq,
-                                    proto_set,
-                                    clients=c,
-                                    seconds=args.seconds,
-                                )
                             print(f"batch {b}: throughput at {c} clients", file=sys.stderr, flush=True)
-                            by_clients[str(c)] = _summary(_interleaved(tput, args.rounds), "rps", "whole")
+                            by_clients[str(c)] = _summary(
+                                _interleaved(loads.at(c), args.rounds), "rps", "whole"
+                            )
                         report["throughput_by_clients"] = {"batch": b, "clients": by_clients}
                         headline = TARGET_CLIENTS if TARGET_CLIENTS in args.clients else args.clients[-1]
                         report["throughput"] = {"batch": b, "clients": headline, **by_clients[str(headline)]}
