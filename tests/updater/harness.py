@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
+from asyncio import sslproto
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -14,7 +16,7 @@ from tests.support.kafka import Broker
 from tests.updater.conftest import PsCluster
 from updater.consumer import Updater
 
-__all__ = ["eventually", "running", "updater_settings"]
+__all__ = ["eventually", "running", "tls_closes_settled", "updater_settings"]
 
 
 def updater_settings(kafka: Broker, cluster: PsCluster | None, name: str, **over: Any) -> dict[str, Any]:
@@ -53,6 +55,38 @@ async def running(settings: dict[str, Any]) -> AsyncIterator[Updater]:
         ready.cancel()
         upd.stop()
         await asyncio.wait_for(task, 30)
+        await tls_closes_settled()
+
+
+def _closing_tls_connections() -> int:
+    """TLS connections in this process that were closed but whose socket is still open (the TLS shutdown exchange
+    with the peer is in flight). asyncio has no public view of this, hence the private fields (test code only)."""
+    closing = (
+        sslproto.SSLProtocolState.FLUSHING,
+        sslproto.SSLProtocolState.SHUTDOWN,
+        sslproto.SSLProtocolState.UNWRAPPED,
+    )
+    return len(
+        [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, sslproto.SSLProtocol)
+            and o._transport is not None
+            and getattr(o, "_state", None) in closing
+        ]
+    )
+
+
+async def tls_closes_settled(timeout_s: float = 40.0) -> None:
+    """Runs the loop until every closed TLS connection has released its socket. aiokafka closes a connection whose
+    SASL handshake was cancelled (a client stopped mid-connect) without waiting for the TLS shutdown; if the test's
+    loop ended first, the socket would be left to the garbage collector and its ResourceWarning would fail whichever
+    test happened to be running then. Bounded by asyncio's own TLS shutdown timeout (30 s)."""
+    deadline = time.monotonic() + timeout_s
+    while (n := _closing_tls_connections()) > 0:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{n} closed TLS connections still hold their sockets after {timeout_s} s")
+        await asyncio.sleep(0.05)
 
 
 async def eventually(

@@ -30,7 +30,7 @@ from schemas.tls import KafkaSecurity, TLSFileError
 from tests.support.certs import TlsFiles, client_context, make_certs, ssl_config_text
 from tests.support.kafka import Broker, SecureListener, kafka_broker
 from tests.updater.conftest import PsCluster
-from tests.updater.harness import eventually, running, updater_settings
+from tests.updater.harness import eventually, running, tls_closes_settled, updater_settings
 from tests.updater.psmodel import lookup
 from updater.kafka_security import client_kwargs
 from updater.producer import DeltaPublisher
@@ -235,6 +235,7 @@ async def test_delta_publisher_api_over_sasl_ssl_plain(
         sasl_kafka.secure_bootstrap, topic=f"{unique}.deltas", security=security
     ) as pub:
         result = await pub.publish(MANIFEST, "item", [1, 2], np.ones((2, 4), np.float32))
+    await tls_closes_settled()
     assert result.rows == 2
 
 
@@ -393,6 +394,7 @@ async def test_export_stream_cut_over_sasl_ssl(sasl_kafka: Broker, certs: TlsFil
     cut, missing = await read_stream_cut(
         sasl_kafka.secure_bootstrap, [topic, f"{unique}.absent"], security=security
     )
+    await tls_closes_settled()
     assert missing == [f"{unique}.absent"]
     assert set(cut) == {f"{topic}:{p}" for p in range(partitions)}
     assert sum(cut.values()) == result.messages  # a new topic: its end offsets count the messages published
