@@ -22,15 +22,21 @@ Freshness rules (docs/gateway.md "Hot-row cache" states the bound):
    ``max_lag_s``; :attr:`RowCache.serving` says so, with :attr:`RowCache.reason`.
 4. When a PS answer comes from another model version than the cached rows, the cache is emptied first.
 
+Storage: each table's rows live in one float32 array (a slab, grown by doubling, freed slots reused), with a dict
+from id to slot and, per slot, the tick of its last use (a counter over all tables: every row touched gets the next
+one, in the order touched). A read is a few C-level passes per table (dict lookups through ``map``, one gather, one
+tick assignment) however many ids it asks, not a Python loop over the ids. Eviction is least recently used by tick,
+exactly; when it runs it evicts what is needed plus 1/32 of the rows held, so that its scan for the oldest rows
+(linear in the rows held) runs once per ~1/32 of the cache's turnover rather than on every fill.
+
 Byte accounting: a row costs ``4 * dim + ROW_OVERHEAD`` bytes (the float32 values plus an estimate of the dict
-entry, the key and the array header).
+entry and the slot's bookkeeping); a slab may hold up to twice its live rows' floats after growing.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol
@@ -47,8 +53,58 @@ __all__ = [
     "ShardRows",
 ]
 
-ROW_OVERHEAD: Final = 320  # measured with tracemalloc: ~305 bytes per cached row beyond its floats
+ROW_OVERHEAD: Final = (
+    320  # measured with tracemalloc: ~305 bytes per cached row beyond its floats (row arrays)
+)
 _NO_HITS: Final = np.zeros(0, dtype=bool)
+_MISSING: Final = -1
+_FREE: Final = np.iinfo(np.int64).max  # a free slot's tick: never among the oldest
+_EVICT_EXTRA: Final = 32  # an eviction also drops 1/_EVICT_EXTRA of the rows held (see the module docstring)
+
+
+class _Slab:
+    """The cached rows of one table: ``rows`` float32 ``[capacity, dim]``, ``ids`` (the id in each slot) and
+    ``used`` (the tick of each slot's last use; :data:`_FREE` for a free slot); ``index``: id -> slot."""
+
+    def __init__(self, dim: int) -> None:
+        self.rows = np.empty((0, dim), dtype=np.float32)
+        self.ids = np.empty(0, dtype=np.int64)
+        self.used = np.empty(0, dtype=np.int64)
+        self.index: dict[int, int] = {}
+        self._free: list[int] = []
+
+    def take(self, id_: int) -> int:
+        """A slot for ``id_`` (not held yet)."""
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot = len(self.index)  # no free slot: every slot below len(index) is held
+            if slot == len(self.rows):
+                self._grow(max(64, 2 * len(self.rows)))
+        self.index[id_] = slot
+        self.ids[slot] = id_
+        return slot
+
+    def drop(self, id_: int) -> bool:
+        slot = self.index.pop(id_, None)
+        if slot is None:
+            return False
+        self.used[slot] = _FREE
+        self._free.append(slot)
+        return True
+
+    def held(self) -> np.ndarray:
+        """Slots in use."""
+        return np.flatnonzero(self.used != _FREE)
+
+    def _grow(self, capacity: int) -> None:
+        n = len(self.rows)
+        rows = np.empty((capacity, self.rows.shape[1]), dtype=np.float32)
+        rows[:n] = self.rows
+        self.rows = rows
+        self.ids = np.concatenate([self.ids, np.zeros(capacity - n, dtype=np.int64)])
+        self.used = np.concatenate([self.used, np.full(capacity - n, _FREE, dtype=np.int64)])
+
 
 if TYPE_CHECKING:
     from gateway.core.requests import VersionSpec
@@ -135,7 +191,10 @@ class RowCache:
         self.max_bytes = max_bytes
         self.settle_s = settle_s
         self._clock = clock
-        self._rows: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._slabs = {t: _Slab(d) for t, d in self.dims.items()}
+        self._cost = {t: 4 * d + ROW_OVERHEAD for t, d in self.dims.items()}
+        self._tick = 1  # the next tick to hand out
+        self._held = 0
         self._bytes = 0
         self._seq = 0
         self._recent: dict[tuple[str, int], tuple[int, float]] = {}  # key -> (sequence, arrival time)
@@ -155,7 +214,7 @@ class RowCache:
         return self._bytes
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return self._held
 
     def set_serving(self, serving: bool, reason: str = "") -> None:
         """Turn serving on or off; turning it off empties the cache (rows may miss deltas while off)."""
@@ -167,14 +226,15 @@ class RowCache:
             self._m.serving.labels(self.model).set(1 if serving else 0)
 
     def clear(self) -> None:
-        self._rows.clear()
+        self._slabs = {t: _Slab(d) for t, d in self.dims.items()}  # releases the memory too
+        self._held = 0
         self._set_bytes(0)
 
     def status(self) -> dict[str, object]:
         return {
             "serving": self.serving,
             "reason": self.reason,
-            "rows": len(self._rows),
+            "rows": self._held,
             "bytes": self._bytes,
             "max_bytes": self.max_bytes,
         }
@@ -182,20 +242,9 @@ class RowCache:
     # -- reads ---------------------------------------------------------------------------------------------------
     def get(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(hit mask bool [n], rows float32 [hits, dim] of the hits in order); counts hits and misses."""
-        rows = self._rows
-        keys = [(table, i) for i in ids.tolist()]
-        got = list(map(rows.get, keys))  # C-speed lookups; the loop below only filters
-        mask = np.fromiter((r is not None for r in got), dtype=bool, count=len(got))
-        found = [r for r in got if r is not None]
-        deque(map(rows.move_to_end, itertools.compress(keys, mask.tolist())), maxlen=0)
-        hits = len(found)
-        self.hits += hits
-        self.misses += ids.size - hits
-        if self._m is not None:
-            self._m.hits.labels(self.model).inc(hits)
-            self._m.misses.labels(self.model).inc(ids.size - hits)
-        dim = self.dims[table]
-        return mask, (np.array(found, dtype=np.float32) if found else np.empty((0, dim), dtype=np.float32))
+        masks, found, _ = self.get_many([{table: ids}])
+        mask = masks[0][table]
+        return (mask if mask.size == ids.size else np.zeros(ids.size, dtype=bool)), found[0][table]
 
     def get_many(
         self, shard_ids: Sequence[Mapping[str, np.ndarray]]
@@ -203,37 +252,48 @@ class RowCache:
         """:meth:`get` for every (shard, table) of a lookup at once: per shard and table, (hit mask, rows of the
         hits in order), and the number of misses. One pass over all keys and one metrics update, whatever the number of tables and shards
         (empty id arrays cost nothing)."""
-        rows = self._rows
-        keys: list[tuple[str, int]] = []
-        spans: list[tuple[int, str, int, int]] = []
-        for s, shard in enumerate(shard_ids):
-            for table, ids in shard.items():
-                if ids.size:
-                    start = len(keys)
-                    keys.extend(zip(itertools.repeat(table), ids.tolist()))
-                    spans.append((s, table, start, len(keys)))
-        got = list(map(rows.get, keys))
-        mask = np.fromiter((r is not None for r in got), dtype=bool, count=len(got))
-        hit_keys = list(itertools.compress(keys, mask.tolist()))
-        deque(map(rows.move_to_end, hit_keys), maxlen=0)
         masks: list[dict[str, np.ndarray]] = []
         found: list[dict[str, np.ndarray]] = []
+        asked = hits = 0
         for shard in shard_ids:
-            masks.append(dict.fromkeys(shard, _NO_HITS))
-            found.append({t: self._empty[t] for t in shard})
-        for s, table, start, end in spans:
-            m = mask[start:end]
-            masks[s][table] = m
-            part = [r for r in got[start:end] if r is not None]
-            if part:
-                found[s][table] = np.array(part, dtype=np.float32)
-        hits = len(hit_keys)
+            shard_masks = dict.fromkeys(shard, _NO_HITS)
+            shard_found = {t: self._empty[t] for t in shard}
+            for table, ids in shard.items():
+                if not ids.size:
+                    continue
+                slab = self._slabs[table]
+                slots = np.fromiter(
+                    map(slab.index.get, ids.tolist(), itertools.repeat(_MISSING)),
+                    dtype=np.int64,
+                    count=ids.size,
+                )
+                mask = slots != _MISSING
+                shard_masks[table] = mask
+                asked += ids.size
+                held = slots[mask]
+                if held.size:
+                    slab.used[held] = np.arange(self._tick, self._tick + held.size)
+                    self._tick += held.size
+                    shard_found[table] = slab.rows[held]  # a gather: a copy, not a view
+                    hits += held.size
+            masks.append(shard_masks)
+            found.append(shard_found)
         self.hits += hits
-        self.misses += len(keys) - hits
+        self.misses += asked - hits
         if self._m is not None:
             self._m.hits.labels(self.model).inc(hits)
-            self._m.misses.labels(self.model).inc(len(keys) - hits)
-        return masks, found, len(keys) - hits
+            self._m.misses.labels(self.model).inc(asked - hits)
+        return masks, found, asked - hits
+
+    def lru_order(self) -> list[tuple[str, int]]:
+        """(table, id) of every row held, least recently used first (for tests and debugging; linear)."""
+        keys: list[tuple[str, int]] = []
+        ticks: list[int] = []
+        for table, slab in self._slabs.items():
+            held = slab.held()
+            keys.extend(zip(itertools.repeat(table), slab.ids[held].tolist()))
+            ticks.extend(slab.used[held].tolist())
+        return [keys[i] for i in np.argsort(np.asarray(ticks, dtype=np.int64), kind="stable").tolist()]
 
     def begin_read(self) -> int:
         """A token for a PS read starting now; pass it to :meth:`fill`, then call :meth:`end_read`."""
@@ -276,18 +336,29 @@ class RowCache:
             return 0
         now = self._clock()
         recent = self._recent
-        cost = 4 * self.dims[table] + ROW_OVERHEAD
+        slab = self._slabs[table]
+        cost = self._cost[table]
         inserted = 0
-        for i, row in zip(ids.tolist(), values, strict=True):
-            key = (table, i)
-            seen = recent.get(key)
+        slots: list[int] = []
+        taken: list[int] = []  # which of ``ids`` go to ``slots``
+        for n, i in enumerate(ids.tolist()):
+            seen = recent.get((table, i))
             if seen is not None and (seen[0] > token or now - seen[1] < self.settle_s):
                 continue
-            if key not in self._rows:
-                self._bytes += cost
+            slot = slab.index.get(i)
+            if slot is None:
+                slot = slab.take(i)
                 inserted += 1
-            self._rows[key] = np.array(row, dtype=np.float32)  # a copy: the answer's buffer is not ours
-            self._rows.move_to_end(key)
+            slots.append(slot)
+            taken.append(n)
+        if slots:
+            slab.rows[slots] = values[taken]  # copies: the answer's buffer is not ours
+            slab.used[slots] = np.arange(
+                self._tick, self._tick + len(slots)
+            )  # a repeated id: its last use counts
+            self._tick += len(slots)
+            self._held += inserted
+            self._bytes += inserted * cost
         self._evict()
         return inserted
 
@@ -296,36 +367,60 @@ class RowCache:
         """A delta: ``ids`` now have exactly these rows. Cached ones change at once; others are only recorded."""
         self._seq += 1
         now = self._clock()
-        for i, row in zip(ids.tolist(), values, strict=True):
-            key = (table, i)
-            self._recent[key] = (self._seq, now)
-            if key in self._rows:
-                self._rows[key] = np.array(row, dtype=np.float32)
+        index = self._slabs[table].index
+        slots: list[int] = []
+        which: list[int] = []
+        for n, i in enumerate(ids.tolist()):
+            self._recent[(table, i)] = (self._seq, now)
+            slot = index.get(i)
+            if slot is not None:
+                slots.append(slot)
+                which.append(n)
+        if slots:  # a repeated id: numpy's last write wins, as the delta's last row would
+            self._slabs[table].rows[slots] = values[which]
         self._prune(now)
 
     def apply_delete(self, table: str, ids: np.ndarray) -> None:
         self._seq += 1
         now = self._clock()
-        cost = 4 * self.dims[table] + ROW_OVERHEAD
+        slab = self._slabs[table]
+        dropped = 0
         for i in ids.tolist():
-            key = (table, i)
-            self._recent[key] = (self._seq, now)
-            if self._rows.pop(key, None) is not None:
-                self._bytes -= cost
-        self._set_bytes(self._bytes)
+            self._recent[(table, i)] = (self._seq, now)
+            dropped += slab.drop(i)
+        self._held -= dropped
+        self._set_bytes(self._bytes - dropped * self._cost[table])
         self._prune(now)
 
     # -- internals -----------------------------------------------------------------------------------------------
     def _evict(self) -> None:
-        evicted = 0
-        while self._bytes > self.max_bytes and self._rows:
-            (table, _), _row = self._rows.popitem(last=False)
-            self._bytes -= 4 * self.dims[table] + ROW_OVERHEAD
-            evicted += 1
-        if evicted:
-            self.evictions += evicted
-            if self._m is not None:
-                self._m.evictions.labels(self.model).inc(evicted)
+        """Drop the least recently used rows until under ``max_bytes``, plus 1/_EVICT_EXTRA of the rows held."""
+        over = self._bytes - self.max_bytes
+        if over <= 0:
+            self._set_bytes(self._bytes)
+            return
+        tables = list(self._slabs)
+        held = [self._slabs[t].held() for t in tables]
+        ticks = np.concatenate([self._slabs[t].used[h] for t, h in zip(tables, held, strict=True)])
+        which = np.concatenate([np.full(h.size, k, dtype=np.int64) for k, h in enumerate(held)])
+        slots = np.concatenate(held)
+        costs = np.asarray([self._cost[t] for t in tables], dtype=np.int64)
+        # enough candidates whatever their tables: every row frees at least the cheapest row's cost
+        want = min(ticks.size, -(-over // int(costs.min())) + self._held // _EVICT_EXTRA)
+        oldest = np.argpartition(ticks, want - 1)[:want] if want < ticks.size else np.arange(ticks.size)
+        oldest = oldest[np.argsort(ticks[oldest], kind="stable")]
+        needed = int(np.searchsorted(np.cumsum(costs[which[oldest]]), over)) + 1
+        evict = oldest[: min(oldest.size, needed + self._held // _EVICT_EXTRA)]
+        for k, table in enumerate(tables):
+            slab = self._slabs[table]
+            gone = slots[evict[which[evict] == k]]
+            for i in slab.ids[gone].tolist():
+                slab.drop(i)
+            self._bytes -= gone.size * self._cost[table]
+        self._held -= evict.size
+        self.evictions += evict.size
+        if self._m is not None:
+            self._m.evictions.labels(self.model).inc(evict.size)
         self._set_bytes(self._bytes)
 
     def _set_bytes(self, value: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -200,4 +201,64 @@ def test_get_many_is_get_for_every_shard_and_table() -> None:
                 assert found[s][t].shape == rows.shape and found[s][t].dtype == np.float32
                 np.testing.assert_array_equal(found[s][t], rows)
         assert (many.hits, many.misses) == (one.hits, one.misses) and missed == one.misses
-        assert list(many._rows) == list(one._rows)  # the same LRU order
+        assert many.lru_order() == one.lru_order()  # the same LRU order
+
+
+def test_rows_match_a_plain_lru_of_arrays_under_mixed_operations() -> None:
+    """The slab-backed cache (slots handed out, freed by evictions and deletes, reused, slabs grown; eviction by
+    tick in batches) answers exactly what a plain LRU dict of row arrays answers, over random fills, stream upserts
+    and deletes and reads on two tables of different widths and costs."""
+    rng = np.random.default_rng(11)
+    dims = {"a": DIM, "b": 2}
+    cost = {t: 4 * d + ROW_OVERHEAD for t, d in dims.items()}
+    max_bytes = 150 * cost["a"]  # small enough that fills evict and slots get reused
+    cache = RowCache("m", dims, max_bytes, settle_s=0.0)
+    cache.set_serving(True)
+    ref: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+
+    def ref_evict() -> None:
+        if sum(cost[t] for t, _ in ref) <= max_bytes:
+            return
+        extra = len(ref) // 32  # an eviction also drops 1/32 of the rows held
+        while sum(cost[t] for t, _ in ref) > max_bytes:
+            ref.popitem(last=False)
+        for _ in range(min(extra, len(ref))):
+            ref.popitem(last=False)
+
+    for step in range(400):
+        table = ("a", "b")[int(rng.integers(0, 2))]
+        ids = rng.integers(0, 400, int(rng.integers(0, 40))).astype(np.int64)
+        values = rng.standard_normal((ids.size, dims[table])).astype(np.float32)
+        op = int(rng.integers(0, 4))
+        if op == 0:
+            cache.fill(cache.begin_read(), table, ids, values)
+            for i, row in zip(ids.tolist(), values, strict=True):
+                ref[(table, i)] = row.copy()
+                ref.move_to_end((table, i))
+            ref_evict()
+        elif op == 1:
+            cache.apply_upsert(table, ids, values)
+            for i, row in zip(ids.tolist(), values, strict=True):
+                if (table, i) in ref:
+                    ref[(table, i)] = row.copy()
+        elif op == 2:
+            cache.apply_delete(table, ids)
+            for i in ids.tolist():
+                ref.pop((table, i), None)
+        else:
+            asked = [
+                {t: np.unique(rng.integers(0, 400, 30)).astype(np.int64) for t in dims} for _ in range(2)
+            ]
+            masks, found, _ = cache.get_many(asked)
+            for s, shard in enumerate(asked):
+                for t, want in shard.items():
+                    expect = [ref[(t, i)] for i in want.tolist() if (t, i) in ref]
+                    np.testing.assert_array_equal(masks[s][t], [(t, i) in ref for i in want.tolist()])
+                    np.testing.assert_array_equal(
+                        found[s][t], np.array(expect, np.float32).reshape(-1, dims[t]), err_msg=f"step {step}"
+                    )
+                    for i in want.tolist():
+                        if (t, i) in ref:
+                            ref.move_to_end((t, i))
+        assert cache.lru_order() == list(ref), f"LRU order differs at step {step}"
+        assert cache.bytes == sum(cost[t] for t, _ in ref)
