@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
     ),
     "serving_bench": (["--rounds", "3", "--seconds", "4", "--write", "docs/benchmarks.md"], 1800.0),
     "workers_bench": (["--requests", "10000", "--concurrency", "16", "--rounds", "2"], 600.0),
+    "probe_stall_bench": (["--instances", "170000", "--runs", "3"], 600.0),
 }
 
 

@@ -39,6 +39,8 @@ class BackendClient:
         self._stubs["StreamPosition"] = self._stubs["Predict"]
         # Predict with serialized messages in and out (pass-through forwarding: no re-serialization)
         self._predict_bytes = stub(channel, "Predict", serialized=True, serialized_response=True)
+        # Predict with a serialized request and a parsed answer (the entry's request, framed from the arrays)
+        self._predict_serialized = stub(channel, "Predict", serialized=True)
 
     async def _call(
         self, method: str, request: Any, deadline: float, call: Callable[..., Any] | None = None
@@ -60,6 +62,10 @@ class BackendClient:
 
     async def predict(self, req: tfs_pb2.PredictRequest, deadline: float) -> tfs_pb2.PredictResponse:
         return await self._call("Predict", req, deadline)  # type: ignore[no-any-return]
+
+    async def predict_serialized(self, req: bytes, deadline: float) -> tfs_pb2.PredictResponse:
+        """Predict with a serialized PredictRequest; returns the parsed answer."""
+        return await self._call("Predict", req, deadline, self._predict_serialized)  # type: ignore[no-any-return]
 
     async def predict_bytes(self, req: bytes, deadline: float) -> bytes:
         """Predict with a serialized PredictRequest; returns the serialized PredictResponse as the backend sent it."""

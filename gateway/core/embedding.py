@@ -13,6 +13,7 @@ from gateway.backends.client import BackendClient, ReplicaSet
 from gateway.cache import RowSource, ShardRows
 from gateway.coalesce import Coalescer
 from gateway.codec.numeric import numeric_ndarray
+from gateway.codec.predict_wire import predict_request_bytes
 from gateway.codec.tensor import from_ndarray, to_ndarray
 from gateway.core.manifests import ManifestStore
 from gateway.core.metadata import MetadataCache
@@ -160,11 +161,10 @@ class EmbeddingServable(Servable):
         plan = await offload(plan_lookups, batch, manifest)
         shard_values = (await self.rows.lookup(plan.shard_ids, spec, deadline)).values
         pooled = await offload(pool, plan, shard_values, batch, manifest)
-        req = tfs_pb2.PredictRequest(model_spec=model_spec(self.served, spec, manifest.entry.signature_name))
-        inputs = req.inputs
-        for k, arr in {**pooled, **batch.dense}.items():
-            _put(inputs[k], arr, _DT_FLOAT, np.float32)
-        resp = await self.entry.predict(req, deadline)
+        spec_msg = model_spec(self.served, spec, manifest.entry.signature_name)
+        # framed from the arrays' bytes (one copy, off the event loop for a large request): gateway/codec/predict_wire
+        req = await offload(predict_request_bytes, spec_msg, {**pooled, **batch.dense})
+        resp = await self.entry.predict_serialized(req, deadline)
         outputs = {k: _ndarray(t) for k, t in resp.outputs.items()}
         return outputs, _version_text(answered_version(resp))
 
