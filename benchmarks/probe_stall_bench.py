@@ -53,33 +53,26 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     from embedgate.export.demo import build_demo, make_examples
-    from schemas.manifest import entry_model_name, ps_dir_name, ps_model_name
     from tests.support.gateway import run_gateway
     from tests.support.servers import serve_local
+    from tests.support.stack import embedding_model, exported_backends
 
     with tempfile.TemporaryDirectory(prefix="probe-stall-") as tmp:
         demo = build_demo(Path(tmp) / "demo", small=True)
         m = demo.manifest
-        served = {entry_model_name(m.model_name): demo.model_dir / "entry"}
-        for i in range(m.num_shards):
-            served[ps_model_name(m.model_name, i)] = demo.model_dir / ps_dir_name(i)
         instances, _ = make_examples(
             args.instances, 5_000, seed=3
         )  # the small demo's user and item vocabulary
         body = json.dumps({"instances": instances}).encode()
-        with serve_local(served) as backend:
+        with serve_local(exported_backends(demo.model_dir)) as backend:
             cfg = {
                 "log": {"access": False},
                 "max_body_bytes": 256 << 20,
                 "limits": {"max_instances": 1_000_000, "max_buffered_bytes": 1 << 30, "body_timeout_s": 60},
                 "models": [
-                    {
-                        "kind": "embedding",
-                        "name": m.model_name,
-                        "manifest": str(demo.model_dir),
-                        "entry": backend.target,
-                        "shards": [{"replicas": [backend.target]}] * m.num_shards,
-                    }
+                    embedding_model(
+                        demo.model_dir, entry=backend.target, shards=[[backend.target]] * m.num_shards
+                    )
                 ],
             }
             path = Path(tmp) / "gateway.yaml"
