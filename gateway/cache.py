@@ -53,9 +53,9 @@ __all__ = [
     "ShardRows",
 ]
 
-ROW_OVERHEAD: Final = (
-    320  # measured with tracemalloc: ~305 bytes per cached row beyond its floats (row arrays)
-)
+# Measured with tracemalloc (~305 bytes per row beyond its floats) when each row was its own array; a slot costs
+# less, so this now over-counts a little: the cache stays under max_bytes.
+ROW_OVERHEAD: Final = 320
 _NO_HITS: Final = np.zeros(0, dtype=bool)
 _MISSING: Final = -1
 _FREE: Final = np.iinfo(np.int64).max  # a free slot's tick: never among the oldest

@@ -284,7 +284,6 @@ class EmbeddingServable(Servable):
         return True
 
 
-_DT_FLOAT: Final = tfs_pb2.DataType.DT_FLOAT
 _DT_INT64: Final = tfs_pb2.DataType.DT_INT64
 _NO_IDS: Final = np.zeros(0, dtype=np.int64)
 
