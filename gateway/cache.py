@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 # Measured with tracemalloc (~305 bytes per row beyond its floats) when each row was its own array; a slot costs
-# less, so this now over-counts a little: the cache stays under max_bytes.
+# less, so this now errs high (a slab's spare capacity, up to its live rows' floats again, is not counted).
 ROW_OVERHEAD: Final = 320
 _NO_HITS: Final = np.zeros(0, dtype=bool)
 _MISSING: Final = -1
