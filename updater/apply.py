@@ -33,10 +33,10 @@ from schemas.manifest import (
 from schemas.proto import tfs_pb2
 from schemas.tensors import TensorError, from_ndarray, to_ndarray
 from schemas.tls import BackendTLS
+from schemas.wire import predict_request
 from tfs_grpc.channels import ChannelConfig, channel_credentials, open_channel, stub
 from updater.errors import ApplyError, ShardUnavailable, error_from_grpc
 from updater.replicas import Replica
-from updater.wire import predict_request
 
 __all__ = ["GroupKey", "ShardWriter", "WriteGroup", "WriteGroupRows"]
 
@@ -160,7 +160,7 @@ class ShardWriter:
     def _requests(self, group: WriteGroup) -> list[tuple[str, bytes]]:
         """Serialized Predict calls for ``group``, chunked. Every call but the last carries an empty stream position;
         the last one completes the group and gets each replica's position appended (:meth:`_position_suffix`).
-        Built by :func:`updater.wire.predict_request`: the rows are copied once, straight into the request bytes."""
+        Built by :func:`schemas.wire.predict_request`: the rows are copied once, straight into the request bytes."""
         model = self._models[group.key.model]
         name = model.served_ps_name(group.key.shard)
         table = group.key.table

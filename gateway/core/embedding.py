@@ -13,7 +13,6 @@ from gateway.backends.client import BackendClient, ReplicaSet
 from gateway.cache import RowSource, ShardRows
 from gateway.coalesce import Coalescer
 from gateway.codec.numeric import numeric_ndarray
-from gateway.codec.predict_wire import predict_request_bytes
 from gateway.codec.tensor import from_ndarray, to_ndarray
 from gateway.core.manifests import ManifestStore
 from gateway.core.metadata import MetadataCache
@@ -34,6 +33,7 @@ from gateway.limits import offload
 from schemas.deployment import EmbeddingModel
 from schemas.manifest import LOOKUP_SIGNATURE, Manifest, lookup_ids_input, lookup_values_output
 from schemas.proto import tfs_pb2
+from schemas.wire import predict_request_for
 
 if TYPE_CHECKING:
     from gateway.features import FeatureBatch
@@ -162,8 +162,8 @@ class EmbeddingServable(Servable):
         shard_values = (await self.rows.lookup(plan.shard_ids, spec, deadline)).values
         pooled = await offload(pool, plan, shard_values, batch, manifest)
         spec_msg = model_spec(self.served, spec, manifest.entry.signature_name)
-        # framed from the arrays' bytes (one copy, off the event loop for a large request): gateway/codec/predict_wire
-        req = await offload(predict_request_bytes, spec_msg, {**pooled, **batch.dense})
+        # framed around the arrays' bytes (one copy, off the event loop for a large request): schemas/wire.py
+        req = await offload(entry_request, spec_msg, {**pooled, **batch.dense})
         resp = await self.entry.predict_serialized(req, deadline)
         outputs = {k: _ndarray(t) for k, t in resp.outputs.items()}
         return outputs, _version_text(answered_version(resp))
@@ -298,6 +298,11 @@ def _put(
     for d in arr.shape:
         dims.add(size=d)
     t.tensor_content = np.ascontiguousarray(arr, dtype=np_dtype).tobytes()
+
+
+def entry_request(spec: tfs_pb2.ModelSpec, inputs: Mapping[str, np.ndarray]) -> bytes:
+    """The serialized entry ``PredictRequest``: every input as float32 ``tensor_content``."""
+    return predict_request_for(spec, [(k, np.asarray(a, dtype=np.float32)) for k, a in inputs.items()])
 
 
 def _ndarray(t: tfs_pb2.TensorProto) -> np.ndarray:

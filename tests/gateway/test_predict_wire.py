@@ -1,5 +1,5 @@
-"""gateway.codec.predict_wire: hand-framed PredictRequest bytes parse to exactly the message the gateway used to
-fill field by field and serialize with protobuf."""
+"""gateway.core.embedding.entry_request (schemas.wire framing): the entry request's bytes parse to exactly the message
+the gateway used to fill field by field and serialize with protobuf."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gateway.codec.predict_wire import predict_request_bytes
-from gateway.core.embedding import _put
+from gateway.core.embedding import _put, entry_request
 from schemas.proto import tfs_pb2
 from schemas.tensors import to_ndarray
 
@@ -37,7 +36,7 @@ def test_bytes_parse_to_the_message_protobuf_builds(
     want = tfs_pb2.PredictRequest(model_spec=spec)
     for k, arr in inputs.items():
         _put(want.inputs[k], arr, tfs_pb2.DataType.DT_FLOAT, np.float32)  # how the message was filled before
-    got = tfs_pb2.PredictRequest.FromString(predict_request_bytes(spec, inputs))
+    got = tfs_pb2.PredictRequest.FromString(entry_request(spec, inputs))
     assert got == want
     for k, arr in inputs.items():  # the values themselves, through the decoder the backends' answers use
         np.testing.assert_array_equal(to_ndarray(got.inputs[k]), np.asarray(arr, dtype=np.float32))
@@ -46,6 +45,6 @@ def test_bytes_parse_to_the_message_protobuf_builds(
 def test_large_lengths_use_multi_byte_varints() -> None:
     """A tensor over 2**21 bytes needs a 4-byte length; the message still parses and keeps every value."""
     arr = np.arange(600_000, dtype=np.float32).reshape(3000, 200)
-    got = tfs_pb2.PredictRequest.FromString(predict_request_bytes(tfs_pb2.ModelSpec(name="m"), {"x": arr}))
+    got = tfs_pb2.PredictRequest.FromString(entry_request(tfs_pb2.ModelSpec(name="m"), {"x": arr}))
     np.testing.assert_array_equal(to_ndarray(got.inputs["x"]), arr)
     assert got.model_spec.name == "m"

@@ -44,6 +44,7 @@ SURFACE = {
         "open_channel",
         "stub",
     },
+    "schemas.wire": {"predict_request", "predict_request_for"},
     "schemas.updater_settings": {"BatchSettings", "RetrySettings", "UpdaterSettings", "parse_replay_since"},
     "updater.apply": {
         "GroupKey",
@@ -70,7 +71,6 @@ SURFACE = {
     "updater.ingest": {"RecordDecoder", "Route"},
     "updater.deadletter": {"DeadLetterer", "dead_letter_headers"},
     "updater.kafka_client": {"DeadLetterProducer", "KafkaClient", "Record"},
-    "updater.wire": {"predict_request"},
     "updater.replicas": {"NEVER", "PositionBook", "Replica"},
     "updater.catchup": {"CatchUpTasks", "catch_up"},
     "updater.producer": {"DeltaPublisher", "PublishResult", "load_rows", "message_key"},

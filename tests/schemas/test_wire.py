@@ -1,4 +1,4 @@
-"""updater.wire: hand-framed PredictRequest bytes parse to the message protobuf builds, field for field."""
+"""schemas.wire: hand-framed PredictRequest bytes parse to the message protobuf builds, field for field."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.proto import tfs_pb2
-from updater.wire import predict_request
+from schemas.wire import predict_request
 
 
 def _reference(model: str, signature: str, inputs: list[tuple[str, np.ndarray]]) -> tfs_pb2.PredictRequest:
