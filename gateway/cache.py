@@ -243,8 +243,7 @@ class RowCache:
     def get(self, table: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(hit mask bool [n], rows float32 [hits, dim] of the hits in order); counts hits and misses."""
         masks, found, _ = self.get_many([{table: ids}])
-        mask = masks[0][table]
-        return (mask if mask.size == ids.size else np.zeros(ids.size, dtype=bool)), found[0][table]
+        return masks[0][table], found[0][table]
 
     def get_many(
         self, shard_ids: Sequence[Mapping[str, np.ndarray]]
