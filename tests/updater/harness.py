@@ -82,11 +82,11 @@ async def tls_closes_settled(timeout_s: float = 40.0) -> None:
     SASL handshake was cancelled (a client stopped mid-connect) without waiting for the TLS shutdown; if the test's
     loop ended first, the socket would be left to the garbage collector and its ResourceWarning would fail whichever
     test happened to be running then. Bounded by asyncio's own TLS shutdown timeout (30 s)."""
-    deadline = time.monotonic() + timeout_s
-    while (n := _closing_tls_connections()) > 0:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{n} closed TLS connections still hold their sockets after {timeout_s} s")
-        await asyncio.sleep(0.05)
+
+    async def settled() -> bool:
+        return _closing_tls_connections() == 0
+
+    await eventually(settled, timeout_s, "closed TLS connections releasing their sockets")
 
 
 async def eventually(
