@@ -132,11 +132,16 @@ class ReplicaSet:
         behind = self.catching_up
         return sorted(idx, key=lambda i: (self._down_until[i] > now, behind[i]))  # stable: round robin kept
 
-    async def predict(self, req: tfs_pb2.PredictRequest, deadline: float) -> tfs_pb2.PredictResponse:
+    async def predict(self, req: tfs_pb2.PredictRequest | bytes, deadline: float) -> tfs_pb2.PredictResponse:
+        """``req`` as a message or already serialized (schemas/wire.py): sent as is to each replica tried."""
         last: Unavailable | None = None
         for i in self._order():
+            client = self.clients[i]
             try:
-                resp = await self.clients[i].predict(req, deadline)
+                if isinstance(req, bytes):
+                    resp = await client.predict_serialized(req, deadline)
+                else:
+                    resp = await client.predict(req, deadline)
             except Unavailable as exc:
                 self._down_until[i] = time.monotonic() + self._retry_s
                 last = exc

@@ -125,12 +125,11 @@ class EmbeddingServable(Servable):
         deadline: float,
         manifest: Manifest,
     ) -> tuple[dict[str, np.ndarray], str]:
-        req = tfs_pb2.PredictRequest(
-            model_spec=model_spec(self.config.served_ps_name(shard), spec, LOOKUP_SIGNATURE)
+        # int64 tensor_content framed around the ids' bytes (schemas/wire.py), one input per table of the manifest
+        req = predict_request_for(
+            model_spec(self.config.served_ps_name(shard), spec, LOOKUP_SIGNATURE),
+            [(lookup_ids_input(t.name), ids.get(t.name, _NO_IDS)) for t in manifest.tables],
         )
-        inputs = req.inputs
-        for t in manifest.tables:
-            _put(inputs[lookup_ids_input(t.name)], ids.get(t.name, _NO_IDS), _DT_INT64, np.int64)
         resp = await self.shards[shard].predict(req, deadline)
         out: dict[str, np.ndarray] = {}
         for t in manifest.tables:
@@ -284,20 +283,7 @@ class EmbeddingServable(Servable):
         return True
 
 
-_DT_INT64: Final = tfs_pb2.DataType.DT_INT64
 _NO_IDS: Final = np.zeros(0, dtype=np.int64)
-
-
-def _put(
-    t: tfs_pb2.TensorProto, arr: np.ndarray, dtype: tfs_pb2.DataType, np_dtype: type[np.generic]
-) -> None:
-    """Fill the request's tensor ``t`` in place with ``arr`` as ``dtype`` (``tensor_content``): the bytes
-    ``from_ndarray`` would give, without building a TensorProto and copying it in."""
-    t.dtype = dtype
-    dims = t.tensor_shape.dim
-    for d in arr.shape:
-        dims.add(size=d)
-    t.tensor_content = np.ascontiguousarray(arr, dtype=np_dtype).tobytes()
 
 
 def entry_request(spec: tfs_pb2.ModelSpec, inputs: Mapping[str, np.ndarray]) -> bytes:

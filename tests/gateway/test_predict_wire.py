@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gateway.core.embedding import _put, entry_request
+from gateway.core.embedding import entry_request
 from schemas.proto import tfs_pb2
 from schemas.tensors import to_ndarray
 
@@ -18,6 +18,15 @@ _arrays = hnp.arrays(
     shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=40),
     elements={"allow_nan": False, "allow_infinity": False, "min_value": -1e6, "max_value": 1e6},
 )
+
+
+def _fill(t: tfs_pb2.TensorProto, arr: np.ndarray) -> None:
+    """The reference: ``t`` filled field by field by protobuf, float32 ``tensor_content`` (how the gateway built the
+    message before it was framed by hand)."""
+    t.dtype = tfs_pb2.DataType.DT_FLOAT
+    for d in arr.shape:
+        t.tensor_shape.dim.add(size=d)
+    t.tensor_content = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
 
 
 @settings(max_examples=150, deadline=None)
@@ -35,7 +44,7 @@ def test_bytes_parse_to_the_message_protobuf_builds(
         spec.version.value = version
     want = tfs_pb2.PredictRequest(model_spec=spec)
     for k, arr in inputs.items():
-        _put(want.inputs[k], arr, tfs_pb2.DataType.DT_FLOAT, np.float32)  # how the message was filled before
+        _fill(want.inputs[k], arr)
     got = tfs_pb2.PredictRequest.FromString(entry_request(spec, inputs))
     assert got == want
     for k, arr in inputs.items():  # the values themselves, through the decoder the backends' answers use
