@@ -94,17 +94,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from embedgate.devkafka import KafkaBroker
     from embedgate.export.demo import build_demo
-    from schemas.manifest import entry_model_name, ps_dir_name, ps_model_name
     from tests.support.gateway import run_gateway
     from tests.support.servers import serve_local
+    from tests.support.stack import exported_backends
 
     with tempfile.TemporaryDirectory(prefix="cache-bench-") as tmp:
         demo = build_demo(Path(tmp) / "demo", small=True)
         m = demo.manifest
         vocab = next((t.rows for t in m.tables if t.name == "user_emb"), 0) or 100_000
-        served = {entry_model_name(m.model_name): demo.model_dir / "entry"}
-        for i in range(m.num_shards):
-            served[ps_model_name(m.model_name, i)] = demo.model_dir / ps_dir_name(i)
+        served = exported_backends(demo.model_dir)
         broker = KafkaBroker(Path(tmp) / "kafka")
         broker.start(timeout_s=120)
         try:

@@ -64,17 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     from embedgate.export.demo import build_demo
-    from schemas.manifest import entry_model_name, ps_dir_name, ps_model_name
     from tests.support.gateway import run_gateway
     from tests.support.servers import serve_local
+    from tests.support.stack import exported_backends
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="coalesce-bench-") as tmp:
         demo = build_demo(Path(tmp) / "demo", small=True)
         m = demo.manifest
-        served = {entry_model_name(m.model_name): demo.model_dir / "entry"}
-        for i in range(m.num_shards):
-            served[ps_model_name(m.model_name, i)] = demo.model_dir / ps_dir_name(i)
+        served = exported_backends(demo.model_dir)
         instances = (demo.instances * (args.batch // len(demo.instances) + 1))[: args.batch]
         body = json.dumps({"instances": instances}).encode()
         with serve_local(served, extra_args=args.serve_local_args) as backend:

@@ -1,27 +1,34 @@
 """How long a probe waits while one big embedding predict runs: the longest ``GET /healthz`` during the request.
 
-    .venv/bin/python -m benchmarks.probe_stall_bench [--instances 170000] [--runs 3]
+    .venv/bin/python -m benchmarks.probe_stall_bench [--instances 170000] [--runs 3] [--write docs/benchmarks.md]
 
 Builds the small demo, serves it with serve-local and runs one gateway (default limits except the body and batch
 size bounds, raised to admit the request). Per run: one REST ``:predict`` of ``--instances`` demo instances (about
 270 bytes each as JSON) on one connection while another keep-alive connection asks ``/healthz`` every 20 ms; prints
 the longest ``/healthz`` and the big request's time and status. The baseline in the same run: the longest
 ``/healthz`` over the same span with no big request in flight (the machine's own jitter). 127.0.0.1 only; every loop
-is bounded by the big request, which is bounded by its timeout.
+is bounded by the big request, which is bounded by its timeout. ``--write`` puts the table into its section of a
+Markdown file (between its markers).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-__all__ = ["main"]
+from benchmarks.report import markers, write_section
+
+__all__ = ["BEGIN", "END", "main"]
+
+BEGIN, END = markers("probe_stall_bench")
 
 _POLL_S = 0.02
 _REQUEST_TIMEOUT_S = 120.0
@@ -47,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--instances", type=int, default=170_000)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--write", type=Path, help="put the table into this Markdown file, between its markers")
     args = ap.parse_args(argv)
 
     import httpx
@@ -117,7 +125,34 @@ def main(argv: list[str] | None = None) -> int:
         "median_ms": round(statistics.median(loaded) * 1e3),
     }
     print(json.dumps(result, indent=2))
+    if args.write is not None:
+        write_section(
+            args.write, BEGIN, END, _table(result), "## Probe latency during a big embedding request"
+        )
     return 0
+
+
+def _table(result: dict[str, Any]) -> str:
+    """The Markdown table of one run of this benchmark."""
+    ms = " / ".join(f"{x} ms" for x in result["longest_healthz_ms"])
+    idle = result["longest_healthz_idle_ms"]
+    took = result["request_s"]
+    return "\n".join(
+        [
+            (
+                f"`python -m benchmarks.probe_stall_bench --instances {result['instances']} --runs {len(took)}` "
+                f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
+                f"{time.strftime('%Y-%m-%d', time.gmtime())})"
+            ),
+            "",
+            "| request | longest `/healthz` during it, per run | idle (same span, no big request) | request took |",
+            "|---|---|---|---|",
+            (
+                f"| {result['instances']:,} instances, {result['body_mb']} MB of JSON | {ms} "
+                f"| {min(idle)}-{max(idle)} ms | {min(took):.1f}-{max(took):.1f} s |"
+            ),
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,14 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
         900.0,
     ),
     "serving_bench": (["--rounds", "3", "--seconds", "4", "--write", "docs/benchmarks.md"], 1800.0),
-    "workers_bench": (["--requests", "10000", "--concurrency", "16", "--rounds", "2"], 600.0),
-    "probe_stall_bench": (["--instances", "170000", "--runs", "3"], 600.0),
+    "workers_bench": (
+        ["--requests", "10000", "--concurrency", "16", "--rounds", "2", "--write", "docs/benchmarks.md"],
+        600.0,
+    ),
+    "probe_stall_bench": (
+        ["--instances", "170000", "--runs", "3", "--write", "docs/benchmarks.md"],
+        600.0,
+    ),
 }
 
 

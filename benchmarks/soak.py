@@ -56,6 +56,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks.report import write_section
+
 __all__ = ["MemoryVerdict", "main", "memory_growth"]
 
 _REPO = Path(__file__).resolve().parent.parent
@@ -549,12 +551,7 @@ def _summary(soak: Soak, result: dict[str, Any], verdicts: list[MemoryVerdict], 
 
 
 def _write(doc: Path, text: str) -> None:
-    body = doc.read_text()
-    if _BEGIN not in body or _END not in body:
-        raise SystemExit(f"{doc}: markers {_BEGIN} / {_END} not found")
-    head, rest = body.split(_BEGIN, 1)
-    _, tail = rest.split(_END, 1)
-    doc.write_text(f"{head}{_BEGIN}\n{text}{_END}{tail}")
+    write_section(doc, _BEGIN, _END, text, None)
 
 
 @contextlib.contextmanager

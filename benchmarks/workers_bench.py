@@ -1,6 +1,7 @@
 """Pass-through throughput of the gateway with 1 and with 2 workers, measured by ``hey`` in its own process.
 
-    make hey && .venv/bin/python -m benchmarks.workers_bench [--requests 20000] [--concurrency 16] [--rounds 3]
+    make hey && .venv/bin/python -m benchmarks.workers_bench [--requests 20000] [--concurrency 16] [--rounds 3] \
+        [--write docs/benchmarks.md]
 
 1. Builds the small demo model and serves ``demo_entry`` with serve-local (127.0.0.1).
 2. For each round, for each setup (alternating, so drift on a shared machine hits all alike): ``1`` and ``2`` =
@@ -9,7 +10,8 @@
    ``demo_entry``); a warm-up of 500 requests, then ``hey -n <requests> -c <concurrency>`` (keep-alive) POSTing one
    example of pooled entry inputs in the columnar format, bounded by the request count and a 120 s timeout; then 300
    requests on one keep-alive connection (``-c 1``), whose p50 shows delayed-ACK stalls (~40 ms) if there are any.
-3. Prints one JSON document: requests/s and latency percentiles per run, and the median per setup.
+3. Prints one JSON document: requests/s and latency percentiles per run, and the median per setup; with ``--write
+   docs/benchmarks.md`` also the table of its section there (between its markers).
 
 ``hey`` is ``github.com/rakyll/hey`` built by ``make hey`` into ``.cache/go-bin``. Everything runs on 127.0.0.1.
 """
@@ -31,7 +33,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+from benchmarks.report import markers, write_section
+
+__all__ = ["BEGIN", "END", "main"]
+
+BEGIN, END = markers("workers_bench")
+_SETUPS = {
+    "1": "1 worker",
+    "2": "2 workers (`workers: 2`)",
+    "uvicorn-2": "plain `uvicorn --workers 2`",
+}
 
 _REPO = Path(__file__).resolve().parents[1]
 _HEY = _REPO / ".cache" / "go-bin" / "hey"
@@ -54,6 +65,40 @@ def _hey(url: str, body: Path, requests: int, concurrency: int) -> dict[str, flo
         if m:
             result[f"p{pct}_ms"] = round(float(m.group(1)) * 1000, 2)
     return result
+
+
+def _table(report: dict[str, Any]) -> str:
+    """The Markdown table of ``report``: every round's figures per setup, the median and its ratio to one worker."""
+    c = report["concurrency"]
+    one = report["median_rps"]["1"]
+    lines = [
+        (
+            f"`python -m benchmarks.workers_bench --requests {report['requests_per_run']} --concurrency {c} "
+            f"--rounds {len(report['runs']['1'])}` ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
+            f"at the end; {time.strftime('%Y-%m-%d', time.gmtime())})"
+        ),
+        "",
+        f"| setup | throughput, {c} connections (req/s) | p50 / p99 at {c} connections | p50, one connection |",
+        "|---|---|---|---|",
+    ]
+    for setup, label in _SETUPS.items():
+        runs, median = report["runs"][setup], report["median_rps"][setup]
+        ratio = "" if setup == "1" else f"; **{median / one:.2f}x** one worker"
+        rates = ", ".join(f"{r['rps']:.0f}" for r in runs)
+        lines.append(
+            f"| {label} | {rates} (median {median:.0f}{ratio}) "
+            f"| {_spread(runs, 'p50_ms')} / {_spread(runs, 'p99_ms')} ms | {_spread(runs, 'sequential_p50_ms')} ms |"
+        )
+    return "\n".join(lines)
+
+
+def _spread(runs: list[dict[str, float]], key: str) -> str:
+    """``min-max`` of ``key`` over ``runs`` (one value when they agree or there is one run)."""
+    values = [r[key] for r in runs if key in r]
+    if not values:
+        return "-"
+    lo, hi = min(values), max(values)
+    return f"{lo:.1f}" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}"
 
 
 @contextmanager
@@ -103,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=20000, help="requests per hey run (capped at 100000)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--write", type=Path, help="put the table into this Markdown file, between its markers")
     args = p.parse_args(argv)
     if not _HEY.exists():
         print(f"{_HEY} is missing: run `make hey`", file=sys.stderr)
@@ -115,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from schemas.manifest import entry_model_name
     from tests.support.servers import serve_local
 
-    setups = ("1", "2", "uvicorn-2")
+    setups = tuple(_SETUPS)
     runs: dict[str, list[dict[str, float]]] = {s: [] for s in setups}
     with tempfile.TemporaryDirectory(prefix="workers-bench-") as tmp:
         root = Path(tmp)
@@ -155,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     json.dump(report, sys.stdout, indent=2)
     print()
+    if args.write is not None:
+        write_section(args.write, BEGIN, END, _table(report), "## Gateway workers")
     return 0
 
 
