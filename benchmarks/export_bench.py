@@ -7,6 +7,9 @@
 2. PS memory: in a fresh subprocess, import TensorFlow, read VmRSS, load every PS shard with the TF1 loader
    (``tf.compat.v1.saved_model.loader.load``, as ``tensorflow_model_server`` does), run one ``lookup``, read VmRSS
    again; the difference per million rows is compared with the raw numpy bytes (8-byte key + 4*dim bytes per row).
+   Then every row is upserted once more through each shard's ``upsert`` signature in 16 384-row calls, as the
+   updater writes, and VmRSS read a third time: the PS then also holds a version per row (its state once the delta
+   stream has touched every row, the figure to size a PS host by).
 
 Bounded: ``--rows`` is capped at 5 million and the subprocess at 600 s.
 """
@@ -27,6 +30,7 @@ __all__ = ["main"]
 _CHILD = r"""
 import json, os, sys
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+DIM = int(os.environ["EXPORT_BENCH_DIM"])
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
@@ -34,8 +38,9 @@ def rss():
 import numpy as np, tensorflow as tf
 tf.constant(1.0) + 1  # initialise the runtime before the baseline
 before = rss()
+upsert, shards = sys.argv[1], [a.split("=", 1) for a in sys.argv[2:]]  # "<shard dir>=<its ids .npy>"
 sessions = []
-for d in sys.argv[1:]:
+for d, _ in shards:
     g = tf.Graph(); s = tf.compat.v1.Session(graph=g)
     with g.as_default():
         mg = tf.compat.v1.saved_model.loader.load(s, ["serve"], d)
@@ -43,9 +48,28 @@ for d in sys.argv[1:]:
     s.run(sd.outputs["t_values"].name, {sd.inputs["t_ids"].name: np.arange(1000, dtype=np.int64)})
     rc = mg.signature_def["row_count"]
     rows = int(s.run(rc.outputs["t_rows"].name))
-    sessions.append((s, rows))
+    sessions.append((s, mg, rows))
 after = rss()
-print(json.dumps({"before": before, "after": after, "rows": sum(r for _, r in sessions)}))
+# every row written once more, as the updater writes (16 384-row upserts, a version per row): the PS then also holds
+# each row's version, its state once the stream has touched every row
+rng = np.random.default_rng(1)
+for (s, mg, _), (_, ids_path) in zip(sessions, shards):
+    sd = mg.signature_def[upsert]
+    ids = np.load(ids_path)
+    for start in range(0, ids.size, 16384):
+        chunk = ids[start : start + 16384]
+        feed = {
+            "ids": chunk,
+            "values": rng.normal(size=(chunk.size, DIM)).astype(np.float32),
+            "timestamps_ms": np.full(chunk.size, 1, np.int64),
+            "seqs": np.arange(start, start + chunk.size, dtype=np.int64),
+            "stream_partitions": np.zeros(0, object),
+            "stream_offsets": np.zeros(0, np.int64),
+            "stream_expected": np.zeros(0, np.int64),
+        }
+        s.run(sd.outputs["applied"].name, {sd.inputs[k].name: v for k, v in feed.items()})
+rewritten = rss()
+print(json.dumps({"before": before, "after": after, "rewritten": rewritten, "rows": sum(r for _, _, r in sessions)}))
 """
 
 
@@ -63,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from embedgate.export.declaration import Declaration
     from embedgate.export.exporter import export_model
+    from schemas.manifest import upsert_signature
+    from schemas.partition import shard_for
 
     ids = keras.Input((), dtype="int64", name="t_ids_in")
     vec = keras.layers.Identity(name="t_vec")(keras.layers.Embedding(rows, args.dim, name="t")(ids))
@@ -80,18 +106,26 @@ def main(argv: list[str] | None = None) -> int:
         result = export_model(model, decl, tmp, num_shards=args.shards)
         seconds = time.perf_counter() - t0
         size = sum(p.stat().st_size for p in Path(result.model_dir).rglob("*") if p.is_file())
-        shard_dirs = [str(result.model_dir / f"ps_{i}" / "1") for i in range(args.shards)]
+        all_ids = np.arange(rows, dtype=np.int64)
+        owner = shard_for(all_ids, args.shards)
+        shard_args = []
+        for i in range(args.shards):
+            ids_path = Path(tmp) / f"ids_{i}.npy"
+            np.save(ids_path, all_ids[owner == i])
+            shard_args.append(f"{result.model_dir / f'ps_{i}' / '1'}={ids_path}")
         out = subprocess.run(
-            [sys.executable, "-c", _CHILD, *shard_dirs],
+            [sys.executable, "-c", _CHILD, upsert_signature("t"), *shard_args],
             capture_output=True,
             text=True,
             timeout=600,
             check=True,
+            env={**os.environ, "EXPORT_BENCH_DIM": str(args.dim)},
         )
     child = json.loads(out.stdout.strip().splitlines()[-1])
     assert child["rows"] == rows, child
     per_m = 1_000_000 / rows
     rss_mb = (child["after"] - child["before"]) / 1e6 * per_m
+    rewritten_mb = (child["rewritten"] - child["before"]) / 1e6 * per_m
     raw_mb = (8 + 4 * args.dim) * 1_000_000 / 1e6
     raw_vec_mb = 4 * args.dim * 1_000_000 / 1e6
     cmd = f"python -m benchmarks.export_bench --rows {rows} --dim {args.dim} --shards {args.shards}"
@@ -104,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         f"PS resident memory (TF1 loader, all shards): {rss_mb:.0f} MB per million rows; raw numpy "
         f"{raw_vec_mb:.0f} MB vectors ({raw_mb:.0f} MB with int64 keys); ratio {rss_mb / raw_vec_mb:.2f}x "
         f"vectors ({rss_mb / raw_mb:.2f}x with keys)"
+    )
+    print(
+        f"PS resident memory after every row is upserted once more (row versions held too): {rewritten_mb:.0f} MB "
+        f"per million rows; ratio {rewritten_mb / raw_vec_mb:.2f}x vectors"
     )
     return 0
 

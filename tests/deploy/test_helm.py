@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -149,11 +150,12 @@ def test_gateway_serves_tf_serving_ports_with_probes_and_an_hpa() -> None:
 
 
 def test_ps_memory_request_follows_the_sizing_figure() -> None:
-    # 338 MB per million rows at dim 64 (docs/deployment.md), times the 1.3 headroom
+    # (180 + 6.4 x dim) MB per million rows (docs/deployment.md), times the 1.3 headroom: 10 M rows at dim 128
     docs = render("model.rowsPerShard=10000000", "model.dim=128")
     for sts in by_kind(docs, "StatefulSet").values():
         (container,) = sts["spec"]["template"]["spec"]["containers"]
-        assert container["resources"]["requests"]["memory"] == f"{int(-(-(10 * 338 * 2) * 1.3 // 1))}Mi"
+        mb = 10 * (180 + 6.4 * 128)  # 9992 MB
+        assert container["resources"]["requests"]["memory"] == f"{math.ceil(round(mb) * 1.3)}Mi"
 
 
 @pytest.mark.parametrize(

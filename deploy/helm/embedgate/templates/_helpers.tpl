@@ -79,9 +79,10 @@ models:
 {{- end }}
 {{- end -}}
 
-{{/* PS memory request in MiB: rows x dim x 338 MB per million rows at dim 64 (docs/deployment.md) x headroom. */}}
+{{/* PS memory request in MiB: rows x (180 + 6.4 x dim) MB per million rows, measured with every row written by the
+     updater once (row versions held; docs/deployment.md), x headroom. */}}
 {{- define "embedgate.psMemoryMi" -}}
-{{- $mb := div (mul (int .Values.model.rowsPerShard) (int .Values.model.dim) 338) (mul 1000000 64) -}}
+{{- $mb := div (mul (int .Values.model.rowsPerShard) (add 1800 (mul 64 (int .Values.model.dim)))) 10000000 -}}
 {{- $withHeadroom := mulf (float64 (max $mb 64)) (float64 .Values.ps.headroom) -}}
 {{- printf "%dMi" (int (ceil $withHeadroom)) -}}
 {{- end -}}
