@@ -1,10 +1,12 @@
-"""Run every benchmark one after another (``make bench``): export, gateway, updater, gateway workers.
+"""Run every benchmark one after another (``make bench``): export, gateway, updater, serving (gateway vs whole model),
+gateway workers, probe stall.
 
     .venv/bin/python -m benchmarks.run [--only NAME ...]
 
 Each benchmark runs as ``python -m benchmarks.<name> <args>`` in its own subprocess with the arguments below (its
-defaults, or modest ones that keep the whole run under about 10 minutes on 2 cores), its output passed through,
-and a time limit. Exits non-zero if any benchmark fails or times out; the others still run.
+defaults, or modest ones: the whole run took about 16 minutes on 2 cores, 9 of them serving_bench), its output
+passed through, and a time limit. The ones given ``--write docs/benchmarks.md`` rewrite their tables there. Exits
+non-zero if any benchmark fails or times out; the others still run.
 """
 
 from __future__ import annotations
@@ -22,9 +24,8 @@ __all__ = ["BENCHMARKS", "main"]
 
 _REPO = Path(__file__).resolve().parent.parent
 
-# name -> (arguments, time limit in seconds)
-# (all defaults; measured on 2 cores: about 20 s, 80 s and 30 s)
-# (updater_bench: about 3-4 min on 2 cores; it rewrites its section of docs/benchmarks.md)
+# name -> (arguments, time limit in seconds); one make bench run on 2 cores took 15 s, 54 s, 91 s, 555 s, 193 s and
+# 66 s for them, in this order
 BENCHMARKS: dict[str, tuple[list[str], float]] = {
     "export_bench": (["--rows", "1000000", "--dim", "64", "--shards", "2"], 300.0),
     "gateway_bench": (["--requests", "1000", "--concurrency", "8", "--seconds", "20", "--batch", "8"], 300.0),
