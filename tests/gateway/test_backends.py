@@ -59,11 +59,16 @@ def test_error_without_details_names_the_code() -> None:
 
 
 class _Channel:
+    """A channel whose calls run ``behaviour(path, request, timeout)``; a stub's request serializer is applied first,
+    as grpc does (so a message stub handed bytes fails here too)."""
+
     def __init__(self, behaviour: Any) -> None:
         self.behaviour = behaviour
 
-    def unary_unary(self, path: str, **_: Any) -> Any:
+    def unary_unary(self, path: str, request_serializer: Any = None, **_: Any) -> Any:
         async def call(req: Any, timeout: float) -> Any:
+            if request_serializer is not None:
+                request_serializer(req)
             return await self.behaviour(path, req, timeout)
 
         return call
@@ -110,3 +115,28 @@ async def test_replica_failover_and_all_down() -> None:
     down = ReplicaSet([BackendClient("a", _Channel(behaviour("a", True)))])  # type: ignore[arg-type]
     with pytest.raises(Unavailable, match="a down"):
         await down.predict(tfs_pb2.PredictRequest(), time.monotonic() + 5)
+
+
+async def test_a_serialized_request_fails_over_as_the_same_bytes() -> None:
+    """ReplicaSet.predict with bytes (schemas/wire.py framing): each replica tried gets those bytes unchanged."""
+    sent: list[tuple[str, Any]] = []
+
+    def behaviour(name: str, fail: bool) -> Any:
+        async def run(path: str, req: Any, timeout: float) -> Any:
+            sent.append((name, req))
+            if fail:
+                raise _Rpc(grpc.StatusCode.UNAVAILABLE, f"{name} down")
+            return tfs_pb2.PredictResponse(model_spec=tfs_pb2.ModelSpec(name=name))
+
+        return run
+
+    rs = ReplicaSet(
+        [
+            BackendClient("a", _Channel(behaviour("a", True))),  # type: ignore[arg-type]
+            BackendClient("b", _Channel(behaviour("b", False))),  # type: ignore[arg-type]
+        ]
+    )
+    wire = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name="ps")).SerializeToString()
+    resp = await rs.predict(wire, time.monotonic() + 5)
+    assert resp.model_spec.name == "b"
+    assert sent == [("a", wire), ("b", wire)]
