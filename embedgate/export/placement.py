@@ -213,8 +213,10 @@ def helm_values(model_dir: str | Path, hosts: Sequence[tuple[str, str]]) -> str:
     """The Helm chart's ``model`` and ``psHosts`` values (YAML) for PS hosts named by ``(host, filter)`` pairs.
 
     A host named several times gets every shard any of its filters selects (the entry is placed by the chart itself).
-    Refuses a host that selects no shard and a placement that leaves a shard on no host. ``model.rowsPerShard`` is the
-    largest table's exported rows spread over the shards (for the chart's PS memory request).
+    Refuses a host that selects no shard and a placement that leaves a shard on no host. For the chart's PS memory
+    request (rows x (180 + 6.4 x dim) MB per million rows, per shard on a host): ``model.rowsPerShard`` is the rows
+    of every table spread over the shards, ``model.dim`` the tables' dims weighted by their rows (rounded up), so
+    that the product covers every table of a shard.
     """
     md = Path(model_dir).resolve()
     manifest = Manifest.load(md)
@@ -228,12 +230,13 @@ def helm_values(model_dir: str | Path, hosts: Sequence[tuple[str, str]]) -> str:
     if not by_host:
         raise PlacementError("no host given: pass at least one, e.g. even='ps_{i}; i % 2 == 0'")
     placed: set[int] = set()
+    total_rows = sum(t.rows for t in manifest.tables)
     lines = [
         "model:",
         f"  name: {manifest.model_name}",
         f"  shards: {manifest.num_shards}",
-        f"  rowsPerShard: {max(-(-max(t.rows for t in manifest.tables) // manifest.num_shards), 1)}",
-        f"  dim: {max(t.dim for t in manifest.tables)}",
+        f"  rowsPerShard: {max(-(-total_rows // manifest.num_shards), 1)}",
+        f"  dim: {max(-(-sum(t.rows * t.dim for t in manifest.tables) // max(total_rows, 1)), 1)}",
         "psHosts:",
     ]
     for host, filters in by_host.items():

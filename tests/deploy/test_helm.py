@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -150,12 +151,27 @@ def test_gateway_serves_tf_serving_ports_with_probes_and_an_hpa() -> None:
 
 
 def test_ps_memory_request_follows_the_sizing_figure() -> None:
-    # (180 + 6.4 x dim) MB per million rows (docs/deployment.md), times the 1.3 headroom: 10 M rows at dim 128
-    docs = render("model.rowsPerShard=10000000", "model.dim=128")
-    for sts in by_kind(docs, "StatefulSet").values():
-        (container,) = sts["spec"]["template"]["spec"]["containers"]
-        mb = 10 * (180 + 6.4 * 128)  # 9992 MB
-        assert container["resources"]["requests"]["memory"] == f"{math.ceil(round(mb) * 1.3)}Mi"
+    # (180 + 6.4 x dim) MB per million rows (docs/deployment.md) per shard on the host, times the 1.3 headroom:
+    # 10 M rows per shard at dim 128; host "one" serves one shard, host "three" three
+    docs = render(
+        "model.rowsPerShard=10000000",
+        "model.dim=128",
+        "model.shards=4",
+        "kafka.topicPartitions=4",
+        "psHosts[0].name=one",
+        "psHosts[0].shards={0}",
+        "psHosts[1].name=three",
+        "psHosts[1].shards={1,2,3}",
+    )
+    mb = round(10 * (180 + 6.4 * 128))  # 9992 MB per shard
+    memory = {
+        name: sts["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"]
+        for name, sts in by_kind(docs, "StatefulSet").items()
+    }
+    assert memory == {
+        "r-embedgate-ps-one": f"{math.ceil(mb * 1.3)}Mi",
+        "r-embedgate-ps-three": f"{math.ceil(3 * mb * 1.3)}Mi",
+    }
 
 
 @pytest.mark.parametrize(
@@ -207,7 +223,13 @@ def test_values_from_the_placement_generator_render(tmp_path: Path, demo_artifac
     assert proc.returncode == 0, proc.stderr
     values = yaml.safe_load(proc.stdout)
     assert values["psHosts"] == [{"name": "even", "shards": [0]}, {"name": "odd", "shards": [1]}]
-    assert values["model"]["name"] == demo_artifacts.manifest.model_name
+    manifest = demo_artifacts.manifest
+    assert values["model"]["name"] == manifest.model_name
+    # sized for every table of a shard: all rows spread over the shards, dims weighted by rows (both rounded up)
+    rows = sum(t.rows for t in manifest.tables)
+    assert values["model"]["rowsPerShard"] == math.ceil(rows / manifest.num_shards)
+    assert values["model"]["dim"] == math.ceil(sum(t.rows * t.dim for t in manifest.tables) / rows)
+    assert len(manifest.tables) > 1
     path = tmp_path / "values.yaml"
     path.write_text(proc.stdout)
     docs = render(values=path)
@@ -257,3 +279,21 @@ def test_kafka_sasl_ssl_values_become_updater_settings_and_a_mounted_secret() ->
     assert env["valueFrom"]["secretKeyRef"] == {"name": "kafka-creds", "key": "username"}
     proc = helm_template("kafka.external.securityProtocol=SASL_SSL", "kafka.external.saslMechanism=PLAIN")
     assert proc.returncode != 0 and "credentialsSecret is required" in proc.stderr
+
+
+def test_placement_generator_weights_dims_by_rows(tmp_path: Path, demo_artifacts) -> None:  # type: ignore[no-untyped-def]
+    """Tables of different widths: ``model.dim`` is their dims weighted by rows, so the chart's
+    rowsPerShard x (180 + 6.4 x dim) is the sum over the tables."""
+    from embedgate.export.placement import helm_values
+
+    doc = json.loads((demo_artifacts.model_dir / "manifest.json").read_text())
+    doc["tables"][0]["dim"], doc["tables"][0]["rows"] = 128, 30_000  # one wide table among dim-16 ones
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    values = yaml.safe_load(helm_values(tmp_path, [("all", "ps_{i}; True")]))
+    shards = demo_artifacts.manifest.num_shards
+    tables = [(t["rows"], t["dim"]) for t in doc["tables"]]
+    rows = sum(r for r, _ in tables)
+    assert values["model"]["rowsPerShard"] == math.ceil(rows / shards)
+    assert values["model"]["dim"] == math.ceil(sum(r * d for r, d in tables) / rows)
+    assert 16 < values["model"]["dim"] < 128
+    assert values["psHosts"] == [{"name": "all", "shards": list(range(shards))}]

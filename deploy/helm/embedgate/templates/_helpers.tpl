@@ -79,10 +79,13 @@ models:
 {{- end }}
 {{- end -}}
 
-{{/* PS memory request in MiB: rows x (180 + 6.4 x dim) MB per million rows, measured with every row written by the
-     updater once (row versions held; docs/deployment.md), x headroom. */}}
+{{/* PS memory request in MiB of a pod serving N shards, called with (list $ N): N x rowsPerShard x (180 + 6.4 x dim)
+     MB per million rows, measured with every row written by the updater once (row versions held;
+     docs/deployment.md), x headroom. */}}
 {{- define "embedgate.psMemoryMi" -}}
-{{- $mb := div (mul (int .Values.model.rowsPerShard) (add 1800 (mul 64 (int .Values.model.dim)))) 10000000 -}}
-{{- $withHeadroom := mulf (float64 (max $mb 64)) (float64 .Values.ps.headroom) -}}
+{{- $root := index . 0 -}}
+{{- $shards := int (index . 1) -}}
+{{- $perShard := div (mul (int $root.Values.model.rowsPerShard) (add 1800 (mul 64 (int $root.Values.model.dim)))) 10000000 -}}
+{{- $withHeadroom := mulf (float64 (max (mul $perShard $shards) 64)) (float64 $root.Values.ps.headroom) -}}
 {{- printf "%dMi" (int (ceil $withHeadroom)) -}}
 {{- end -}}
