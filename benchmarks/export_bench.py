@@ -30,7 +30,6 @@ __all__ = ["main"]
 _CHILD = r"""
 import json, os, sys
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-DIM = int(os.environ["EXPORT_BENCH_DIM"])
 def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
@@ -45,7 +44,7 @@ for d, _ in shards:
     with g.as_default():
         mg = tf.compat.v1.saved_model.loader.load(s, ["serve"], d)
     sd = mg.signature_def["lookup"]
-    s.run(sd.outputs["t_values"].name, {sd.inputs["t_ids"].name: np.arange(1000, dtype=np.int64)})
+    dim = s.run(sd.outputs["t_values"].name, {sd.inputs["t_ids"].name: np.arange(1000, dtype=np.int64)}).shape[1]
     rc = mg.signature_def["row_count"]
     rows = int(s.run(rc.outputs["t_rows"].name))
     sessions.append((s, mg, rows))
@@ -60,7 +59,7 @@ for (s, mg, _), (_, ids_path) in zip(sessions, shards):
         chunk = ids[start : start + 16384]
         feed = {
             "ids": chunk,
-            "values": rng.normal(size=(chunk.size, DIM)).astype(np.float32),
+            "values": rng.normal(size=(chunk.size, dim)).astype(np.float32),
             "timestamps_ms": np.full(chunk.size, 1, np.int64),
             "seqs": np.arange(start, start + chunk.size, dtype=np.int64),
             "stream_partitions": np.zeros(0, object),
@@ -119,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
             text=True,
             timeout=600,
             check=True,
-            env={**os.environ, "EXPORT_BENCH_DIM": str(args.dim)},
         )
     child = json.loads(out.stdout.strip().splitlines()[-1])
     assert child["rows"] == rows, child
