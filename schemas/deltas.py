@@ -39,16 +39,22 @@ key, value = magic uint32 ``0x52544348`` (bytes ``HCTR``), uint32 bytes per row 
 timestamp or sequence: the caller passes the Kafka record's timestamp and offset.
 
 Every decoder raises :class:`DeltaError` naming the problem (``.reason`` is a short stable slug for metrics and
-dead-letter headers).
+dead-letter headers), and **only** that, whatever the bytes: JSON nested deeper than Python's parser recurses, integer
+literals longer than :data:`MAX_JSON_INT_CHARS` (Python refuses to convert 4,300+ digits), numbers outside float32,
+non-UTF-8 text and lying length fields are rejected with their own reason; any other exception a message makes a
+decoder raise (a bug, ``MemoryError``) is turned into ``DeltaError(DECODER_ERROR, ...)`` at the decoder's boundary,
+so a caller that handles ``DeltaError`` handles every message (tests/schemas/test_deltas_fuzz.py).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import struct
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -59,10 +65,12 @@ from schemas.manifest import Manifest
 __all__ = [
     "BINARY_MAGIC",
     "DEAD_LETTER_TOPIC",
+    "DECODER_ERROR",
     "DELTA_TOPIC_PREFIX",
     "FORMAT_VERSION",
     "HPS_MAGIC",
     "HPS_TOPIC_PATTERN",
+    "MAX_JSON_INT_CHARS",
     "DeltaError",
     "DeltaOp",
     "EmbeddingDelta",
@@ -89,6 +97,19 @@ _OP_CODES: Final = {1: "upsert", 2: "delete"}
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 _HPS_TOPIC_RE = re.compile(r"^hps_et\.([A-Za-z0-9_\-]{1,120})\.([A-Za-z0-9_\-]{1,120})$")
 
+DECODER_ERROR: Final = "decoder_error"
+"""Reason of a message that made a decoder fail in a way it does not name (any exception but :class:`DeltaError`:
+a bug, ``MemoryError``): the message is rejected like any invalid one, the exception's class is in the text."""
+
+MAX_JSON_INT_CHARS: Final = 64
+"""Longest integer literal (sign included) a JSON delta may hold. int64 needs 20 characters, a float32 written as an
+integer 40; longer ones are refused before Python converts them (it refuses 4,300+ digits with a ValueError and
+converts long ones in quadratic time)."""
+
+_MAX_SHOWN = 80  # characters of a message-controlled string echoed in an error
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
 
 class DeltaError(ValueError):
     """A delta message that cannot be decoded or is not valid.
@@ -102,6 +123,31 @@ class DeltaError(ValueError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def _shown(text: str, limit: int = _MAX_SHOWN) -> str:
+    """``text`` as echoed in an error: its repr, cut to ``limit`` characters (a message controls it)."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else f"{shown[:limit]}... ({len(text)} characters)"
+
+
+def _only_delta_errors(decoder: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``decoder`` with every exception but :class:`DeltaError` (and non-``Exception`` ones such as a cancellation)
+    turned into ``DeltaError(DECODER_ERROR, ...)`` naming its class: the decoders' contract, whatever the bytes."""
+
+    @functools.wraps(decoder)
+    def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return decoder(*args, **kwargs)
+        except DeltaError:
+            raise
+        except Exception as exc:
+            raise DeltaError(
+                DECODER_ERROR,
+                f"the decoder failed on this message: {type(exc).__name__}: {_shown(str(exc), 200)}",
+            ) from exc
+
+    return guarded
 
 
 class DeltaOp(StrEnum):
@@ -229,8 +275,10 @@ def encode_delta(delta: EmbeddingDelta) -> bytes:
     return b"".join(parts)
 
 
+@_only_delta_errors
 def decode_delta(data: bytes | bytearray | memoryview | None) -> EmbeddingDelta:
-    """Decode a binary or JSON delta (by its first byte); raises :class:`DeltaError` naming the problem."""
+    """Decode a binary or JSON delta (by its first byte); raises :class:`DeltaError` naming the problem, and nothing
+    else whatever ``data`` holds (see the module doc)."""
     if data is None:
         raise DeltaError("bad_magic", "empty message (null value / tombstone); expected a delta")
     buf = bytes(data)
@@ -335,8 +383,8 @@ def _build(**fields: Any) -> EmbeddingDelta:
 
 def _describe(exc: ValidationError) -> str:
     parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "<root>"
+    for err in exc.errors(include_url=False, include_input=False)[:8]:
+        loc = ".".join(str(x)[:_MAX_SHOWN] for x in err["loc"]) or "<root>"  # a JSON key is the message's
         parts.append(f"{loc}: {err['msg']}")
     return "; ".join(parts)
 
@@ -372,19 +420,34 @@ def encode_delta_json(delta: EmbeddingDelta) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode("utf-8")
 
 
+def _json_int(literal: str) -> int:
+    """``parse_int`` of the JSON parser: refuses literals longer than :data:`MAX_JSON_INT_CHARS` before converting."""
+    if len(literal) > MAX_JSON_INT_CHARS:
+        raise DeltaError(
+            "invalid_json",
+            f"integer literal of {len(literal)} characters; at most {MAX_JSON_INT_CHARS} (ids, timestamp_ms and "
+            "sequence are int64)",
+        )
+    return int(literal)
+
+
 def _decode_json(buf: bytes) -> EmbeddingDelta:
     try:
-        obj = json.loads(buf.decode("utf-8"))
+        obj = json.loads(buf.decode("utf-8"), parse_int=_json_int)
     except UnicodeDecodeError as exc:
         raise DeltaError("invalid_json", f"JSON delta is not UTF-8 at offset {exc.start}") from exc
     except json.JSONDecodeError as exc:
         raise DeltaError("invalid_json", f"invalid JSON at offset {exc.pos}: {exc.msg}") from exc
+    except RecursionError as exc:  # the parser recurses once per level: bounded by the interpreter's limit
+        raise DeltaError(
+            "invalid_json", "JSON nested too deeply (a delta nests 3 levels: the object, values, a row)"
+        ) from exc
     try:
         raw = _JsonDelta.model_validate(obj)
     except ValidationError as exc:
         raise DeltaError("invalid_json", f"JSON delta failed validation: {_describe(exc)}") from exc
     if raw.op not in ("upsert", "delete"):
-        raise DeltaError("unknown_op", f"unknown op {raw.op!r}; expected 'upsert' or 'delete'")
+        raise DeltaError("unknown_op", f"unknown op {_shown(raw.op)}; expected 'upsert' or 'delete'")
     values = None
     if raw.values is not None:
         widths = {len(r) for r in raw.values}
@@ -394,9 +457,7 @@ def _decode_json(buf: bytes) -> EmbeddingDelta:
             raise DeltaError(
                 "shape_mismatch", f"values has {len(raw.values)} rows but there are {len(raw.ids)} ids"
             )
-        values = np.asarray(raw.values, dtype=np.float32).reshape(
-            len(raw.values), widths.pop() if widths else 0
-        )
+        values = _float32_rows(raw.values, widths.pop() if widths else 0)
     if any(not (-(2**63) <= i < 2**63) for i in raw.ids):
         raise DeltaError("invalid_field", "ids must fit in int64")
     return _build(
@@ -409,6 +470,21 @@ def _decode_json(buf: bytes) -> EmbeddingDelta:
         sequence=raw.sequence,
         producer=raw.producer,
     )
+
+
+def _float32_rows(rows: list[list[float]], dim: int) -> npt.NDArray[np.float32]:
+    """``rows`` as float32 [n, dim]; a finite number outside float32's range is refused (it would become Inf)."""
+    wide = np.asarray(rows, dtype=np.float64).reshape(len(rows), dim)
+    with np.errstate(over="ignore", invalid="ignore"):
+        narrow = wide.astype(np.float32)
+    overflow = np.isfinite(wide) & ~np.isfinite(narrow)
+    if overflow.any():
+        row, col = (int(x) for x in np.argwhere(overflow)[0])
+        raise DeltaError(
+            "invalid_field",
+            f"values[{row}][{col}] = {wide[row, col]:g} is outside float32's range (about 3.4e38)",
+        )
+    return narrow
 
 
 # -- topics and partitions -------------------------------------------------------------------------------------------
@@ -446,13 +522,14 @@ def encode_hps(ids: npt.ArrayLike, values: npt.ArrayLike) -> bytes:
     return HPS_MAGIC + struct.pack("<I", d * 4) + rec.tobytes()
 
 
+@_only_delta_errors
 def decode_hps(
     topic: str, value: bytes | None, *, key: bytes | None = None, timestamp_ms: int = 0, sequence: int = 0
 ) -> EmbeddingDelta | None:
     """Decode an HPS Kafka record as HPS's own consumer does; None for a beacon (header only) or a null value.
 
     Like HPS, a record with a non-empty key is rejected (``unexpected_key``). ``timestamp_ms``/``sequence`` are the
-    Kafka record's timestamp and offset (HPS carries neither).
+    Kafka record's timestamp and offset (HPS carries neither). Raises :class:`DeltaError` and nothing else.
     """
     m = _HPS_TOPIC_RE.match(topic)
     if not m:
@@ -506,6 +583,7 @@ def decode_hps(
 
 
 # -- semantic checks ------------------------------------------------------------------------------------------------
+@_only_delta_errors
 def check_against_manifest(delta: EmbeddingDelta, manifest: Manifest) -> None:
     """Raise :class:`DeltaError` if ``delta`` does not fit ``manifest``: other model, unknown table, wrong dim,
     NaN/Inf rows when the table forbids them."""

@@ -10,10 +10,12 @@ SURFACE = {
     "schemas.deltas": {
         "BINARY_MAGIC",
         "DEAD_LETTER_TOPIC",
+        "DECODER_ERROR",
         "DELTA_TOPIC_PREFIX",
         "FORMAT_VERSION",
         "HPS_MAGIC",
         "HPS_TOPIC_PATTERN",
+        "MAX_JSON_INT_CHARS",
         "DeltaError",
         "DeltaOp",
         "EmbeddingDelta",
