@@ -4,7 +4,9 @@
 topics, decoded by ``schemas.deltas`` exactly as the updater decodes them) with an aiokafka consumer **without a
 group**: it never commits and never joins the updater's group; partitions are all assigned to it, starting at the
 end. Deltas the updater would dead-letter (undecodable, unknown model/table, wrong dim, NaN where forbidden) are
-skipped here too (``embedgate_cache_deltas{outcome="invalid"}``).
+skipped here too (``embedgate_cache_deltas{outcome="invalid"}``). No message stops the consumer: the decoders raise
+only DeltaError, and any other exception the decoding of one record raises is logged (WARNING, its class, where the
+record is) and the record skipped the same way, instead of restarting the consumer.
 
 Lag: after every fetch, when every assigned partition's position has reached its high watermark, the consumer is
 "caught up" as of that fetch. ``lag_s`` = now - the last caught-up fetch. While ``lag_s > max_lag_s`` (or no partition
@@ -113,6 +115,8 @@ class DeltaStream:
             await consumer.stop()
 
     def _apply(self, rec: Any) -> None:
+        """Apply one record to its model's cache, or skip it (invalid, another model's; never raises for a record's
+        content)."""
         try:
             if self._hps is not None and self._hps.fullmatch(rec.topic):
                 delta = decode_hps(
@@ -130,6 +134,16 @@ class DeltaStream:
         except DeltaError as exc:
             self._count("invalid")
             log.debug("delta at %s[%d]@%d skipped: %s", rec.topic, rec.partition, rec.offset, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - a message must not stop the stream (module doc)
+            self._count("invalid")
+            log.warning(
+                "delta at %s[%d]@%d skipped: decoding it raised %s",
+                rec.topic,
+                rec.partition,
+                rec.offset,
+                type(exc).__name__,
+            )
             return
         if delta.op is DeltaOp.DELETE:
             cache.apply_delete(delta.table, delta.ids)

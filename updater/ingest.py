@@ -7,6 +7,13 @@ an ``unknown_model``, a table or dimension the manifest lacks, or an unversioned
 shard (``wrong_partition``: shard ``s`` belongs in partition ``s % P``; elsewhere only a row version orders it against
 the shard's other messages, so a versioned one is applied and counted as misplaced). :meth:`RecordDecoder.group` splits a batch of records into one
 :class:`updater.batch.GroupBuffer` per (model, shard, table), rows in arrival order.
+
+**A message never stops the stream.** The decoders raise only DeltaError (``schemas.deltas``); as a second line, any
+other exception the pure work on one record raises (decoding, the manifest check, routing its rows to shards) is
+turned into ``DeltaError(DECODER_ERROR)`` naming the exception's class, counted in
+``embedgate_updater_poison_messages_total{error}``, and the record is dead-lettered like any invalid one. Exceptions
+that are not ``Exception`` (cancellation, KeyboardInterrupt) pass. No backend is called here, so a retriable PS error
+can never be mistaken for a bad message.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from schemas.deltas import (
+    DECODER_ERROR,
     DeltaError,
     EmbeddingDelta,
     check_against_manifest,
@@ -67,7 +75,26 @@ class RecordDecoder:
         return None if routed is None else routed[0]
 
     def _decode(self, rec: Record, count: bool) -> tuple[EmbeddingDelta, list[int]] | None:
-        """The delta and the shards its rows belong to (ascending), or None for a beacon."""
+        """The delta and the shards its rows belong to (ascending), or None for a beacon; DeltaError, and only that,
+        for a bad record (any other exception of the pure work on it becomes ``DECODER_ERROR``, module doc)."""
+        partitions = self._partitions_for_topic(rec.topic)  # not the message's doing: outside the guard
+        try:
+            return self._decode_unguarded(rec, partitions, count)
+        except DeltaError as exc:
+            if exc.reason == DECODER_ERROR and count:
+                cause = exc.__cause__
+                self._metrics.poison.labels(type(cause or exc).__name__).inc()
+            raise
+        except Exception as exc:  # one message must not stop the stream: it is dead-lettered
+            if count:
+                self._metrics.poison.labels(type(exc).__name__).inc()
+            raise DeltaError(
+                DECODER_ERROR, f"decoding this message failed: {type(exc).__name__}: {str(exc)[:200]}"
+            ) from exc
+
+    def _decode_unguarded(
+        self, rec: Record, partitions: Collection[int] | None, count: bool
+    ) -> tuple[EmbeddingDelta, list[int]] | None:
         if _HPS_RE.match(rec.topic):
             delta = decode_hps(
                 rec.topic, rec.value, key=rec.key, timestamp_ms=rec.timestamp, sequence=rec.offset
@@ -87,7 +114,7 @@ class RecordDecoder:
             )
         check_against_manifest(delta, route.manifest)
         shards = _shards(delta, route.manifest.num_shards)
-        self._check_partition(rec, delta, shards, count)
+        self._check_partition(rec, partitions, delta, shards, count)
         if count:
             self._metrics.messages.labels(kind).inc()
         return delta, shards
@@ -100,17 +127,14 @@ class RecordDecoder:
         for rec in records:
             try:
                 routed = self._decode(rec, True)
+                if routed is None:
+                    continue
+                delta, shards = routed
+                manifest = self._routes[delta.model].manifest
+                parts = self._parts(rec, delta, shards, manifest)
             except DeltaError as exc:
                 invalid.append((rec, exc))
                 continue
-            if routed is None:
-                continue
-            delta, shards = routed
-            manifest = self._routes[delta.model].manifest
-            if len(shards) == 1:  # the common case: a producer sends one shard's rows per message
-                parts = [(shards[0], delta.ids, delta.values)]
-            else:
-                parts = split_by_shard(delta, manifest.num_shards)
             for shard, ids, values in parts:
                 key = GroupKey(delta.model, shard, delta.table)
                 buf = groups.get(key)
@@ -119,14 +143,34 @@ class RecordDecoder:
                 buf.add(ids, values, delta.timestamp_ms, rec, delta.sequence)
         return list(groups.values()), invalid
 
-    def _check_partition(self, rec: Record, delta: EmbeddingDelta, shards: list[int], count: bool) -> None:
+    def _parts(
+        self, rec: Record, delta: EmbeddingDelta, shards: list[int], manifest: Manifest
+    ) -> list[tuple[int, Any, Any]]:
+        """``delta``'s rows per shard: ``(shard, ids, values)``; DeltaError(DECODER_ERROR) if splitting fails."""
+        if len(shards) == 1:  # the common case: a producer sends one shard's rows per message
+            return [(shards[0], delta.ids, delta.values)]
+        try:
+            return list(split_by_shard(delta, manifest.num_shards))
+        except Exception as exc:  # as in _decode: one message must not stop the stream
+            self._metrics.poison.labels(type(exc).__name__).inc()
+            raise DeltaError(
+                DECODER_ERROR, f"routing this message's rows failed: {type(exc).__name__}: {str(exc)[:200]}"
+            ) from exc
+
+    def _check_partition(
+        self,
+        rec: Record,
+        partitions: Collection[int] | None,
+        delta: EmbeddingDelta,
+        shards: list[int],
+        count: bool,
+    ) -> None:
         """A record outside the partition of its shard (``s % P``), as a producer that hashes or scatters its keys
         writes it, is applied when its rows are versioned (``timestamp_ms`` > 0): newest-wins per row makes the
         order of two partitions irrelevant, and the replica records its position on that partition too (counted in
         ``embedgate_updater_misplaced_messages_total``). An unversioned one (``timestamp_ms`` 0) is ordered only by
         its partition's log, so it could overtake, or be overtaken by, the shard's other messages: ``wrong_partition``.
         """
-        partitions = self._partitions_for_topic(rec.topic)
         if not partitions:
             return  # no metadata (cannot happen for an assigned partition): nothing to check against
         n_partitions = len(partitions)

@@ -8,6 +8,9 @@ metric                                           type       labels / meaning
 ``embedgate_updater_apply_latency_seconds``      histogram  model: one group written to all replicas
 ``embedgate_updater_freshness_seconds``          histogram  model: producer timestamp -> applied on all replicas
 ``embedgate_updater_dead_letters_total``         counter    reason: messages sent to the dead-letter topic
+``embedgate_updater_poison_messages_total``      counter    error: messages whose decoding raised something else
+                                                            than a DeltaError (e.g. RecursionError, MemoryError);
+                                                            dead-lettered with reason ``decoder_error``
 ``embedgate_updater_misplaced_messages_total``   counter    model: versioned messages applied from a partition other
                                                             than their shard's (``s % P``)
 ``embedgate_updater_apply_failures_total``       counter    model, shard, retriable: failed group writes
@@ -64,6 +67,12 @@ class UpdaterMetrics:
         )
         self.dead_letters = Counter(
             p + "dead_letters", "Messages sent to the dead-letter topic", ["reason"], registry=r
+        )
+        self.poison = Counter(
+            p + "poison_messages",
+            "Messages whose decoding raised an unexpected exception (dead-lettered as decoder_error), by its class",
+            ["error"],
+            registry=r,
         )
         self.misplaced = Counter(
             p + "misplaced_messages",

@@ -160,3 +160,41 @@ async def test_unreachable_stream_turns_the_cache_off(demo_artifacts: Any, demo_
             await asyncio.sleep(0.05)
         metrics = (await client.get("/metrics")).text
         assert 'embedgate_cache_serving{model="demo"} 0.0' in metrics
+
+
+def test_no_message_stops_the_cache_consumer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every hostile message of the decoders' corpus is skipped as invalid; an exception other than DeltaError out of
+    the decoding (a decoder bug) skips that record too, and the good record behind it is applied."""
+    import gateway.stream as stream_module
+    from tests.schemas.delta_fuzz import hostile_corpus
+
+    stream, cache = _stream()
+    cache.set_serving(True)
+    cache.fill(cache.begin_read(), "t", np.array([1]), np.zeros((1, 2), dtype=np.float32))
+
+    class _Rec:
+        partition, offset, key, timestamp = 0, 0, None, 0
+
+        def __init__(
+            self, value: bytes | None, topic: str = "embedgate.deltas", key: bytes | None = None
+        ) -> None:
+            self.value, self.topic, self.key = value, topic, key
+
+    for msg, _ in hostile_corpus():
+        stream._apply(_Rec(msg.value, msg.topic if msg.hps else "embedgate.deltas", msg.key))
+    assert stream.applied == 0
+
+    good = EmbeddingDelta(model="m", table="t", op="upsert", ids=[1], values=[[1.0, 2.0]], timestamp_ms=1)
+    real = stream_module.decode_delta
+
+    def crashing(value: bytes | None) -> EmbeddingDelta:
+        if value == b"poison":
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(value)
+
+    monkeypatch.setattr(stream_module, "decode_delta", crashing)
+    stream._apply(_Rec(b"poison"))
+    stream._apply(_Rec(encode_delta(good)))
+    mask, rows = cache.get("t", np.array([1]))
+    assert mask.tolist() == [True] and rows.tolist() == [[1.0, 2.0]]
+    assert stream.applied == 1

@@ -237,6 +237,59 @@ async def test_invalid_message_is_dead_lettered_with_its_reason() -> None:
     await rig.close()
 
 
+@pytest.mark.parametrize("raised", [RecursionError, MemoryError, ValueError, KeyError])
+async def test_a_record_whose_decoding_raises_anything_else_is_dead_lettered_and_the_stream_goes_on(
+    monkeypatch: pytest.MonkeyPatch, raised: type[Exception]
+) -> None:
+    """Defence in depth behind the decoders' contract: an exception other than DeltaError out of the pure work on one
+    record (here the manifest check, as a bug would) dead-letters that record (reason decoder_error, counted by class),
+    commits past it and applies the records behind it."""
+    import updater.ingest as ingest
+
+    real = ingest.check_against_manifest
+
+    def crashing(delta: Any, manifest: Any) -> None:
+        if int(delta.ids[0]) == S0[0]:
+            raise raised("boom")
+        real(delta, manifest)
+
+    monkeypatch.setattr(ingest, "check_against_manifest", crashing)
+    rig = Rig(FakeClient())
+    rig.client.feed(delta_record(0, 0, S0[:1]), delta_record(0, 1, S0[1:3]))
+    await rig.until(lambda: rig.client.last_commit(0) == 2, "committed past the poison record")
+    [(_, _, headers)] = rig.producer.sent
+    assert headers["embedgate.reason"] == b"decoder_error" and headers["embedgate.offset"] == b"0"
+    assert raised.__name__ in headers["embedgate.error"].decode()
+    assert [sorted(c.upsert_ids.tolist()) for c in rig.writer.acked] == [sorted(S0[1:3])]
+    poison = rig.metrics.registry.get_sample_value(
+        "embedgate_updater_poison_messages_total", {"error": raised.__name__}
+    )
+    assert poison == 1
+    await rig.close()
+
+
+async def test_a_decoder_error_from_the_decoders_is_counted_under_its_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import schemas.deltas as deltas
+
+    def broken(buf: bytes) -> Any:
+        raise MemoryError
+
+    monkeypatch.setattr(deltas, "_decode_binary", broken)
+    rig = Rig(FakeClient())
+    rig.client.feed(delta_record(0, 0, S0[:1]))
+    await rig.until(lambda: rig.client.last_commit(0) == 1, "committed past the record")
+    assert [h["embedgate.reason"] for _, _, h in rig.producer.sent] == [b"decoder_error"]
+    assert (
+        rig.metrics.registry.get_sample_value(
+            "embedgate_updater_poison_messages_total", {"error": "MemoryError"}
+        )
+        == 1
+    )
+    await rig.close()
+
+
 async def test_unversioned_record_in_the_wrong_partition_is_dead_lettered() -> None:
     rig = Rig(FakeClient())
     rig.client.feed(delta_record(1, 0, S0[:1], ts=0))  # shard 0 belongs in partition 0 of 2
