@@ -26,7 +26,7 @@ from gateway.core.requests import (
     StatusRequest,
     VersionSpec,
 )
-from gateway.errors import GatewayError, Internal, InvalidArgument, public_message
+from gateway.errors import GatewayError, Internal, InvalidArgument, clip, public_message
 from gateway.lifespan import Runtime
 from schemas.proto import tfs_pb2
 
@@ -94,7 +94,7 @@ def _filtered(
     for name in wanted:
         if name not in outputs:
             raise InvalidArgument(
-                f"output tensor alias not found in signature: {name} Outputs expected to be in the set "
+                f"output tensor alias not found in signature: {clip(name)} Outputs expected to be in the set "
                 f"{{{','.join(sorted(outputs))}}}."
             )
     return {name: outputs[name] for name in wanted}
@@ -226,7 +226,7 @@ class _Servicer:
                 raise InvalidArgument("GetModelMetadataRequest must specify at least one metadata_field")
             for f in fields:
                 if f != "signature_def":
-                    raise InvalidArgument(f"Metadata field {f} is not supported")
+                    raise InvalidArgument(f"Metadata field {clip(f)} is not supported")
             res = await self._gw.handle(MetadataRequest(ms.name, _version_spec(ms)), deadline)
             resp = tfs_pb2.GetModelMetadataResponse(model_spec=_reply_spec(ms.name, res.version, ""))
             packed = resp.metadata["signature_def"]
