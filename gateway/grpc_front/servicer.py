@@ -135,8 +135,8 @@ class _Servicer:
             with rt.track(admit=False) as call:
                 call.api, call.model = api, model
                 if rt.auth is not None:  # the same bearer tokens as REST, from the `authorization` metadata
-                    auth = dict(context.invocation_metadata() or ()).get("authorization")
-                    rt.auth.check(auth if isinstance(auth, str) else None, model)
+                    auth = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
+                    rt.auth.check([v if isinstance(v, str) else "" for v in auth], model)  # several: refused
                 call.admit()
                 resp, version, *degraded = await fn(deadline)
                 call.version = "" if version is None else str(version)

@@ -189,7 +189,7 @@ async def _serve(
     gw = rt.gateway
     if gw is None:
         raise Internal("gateway is not started")
-    authorization = request.headers.get("authorization")
+    authorization = request.headers.getlist("authorization")  # several values are refused (gateway.auth)
     try:
         target = _route(request.method, path)
     except InvalidArgument:
