@@ -14,8 +14,10 @@ valid token not scoped to that model). Tokens are compared with :func:`hmac.comp
 early exit), never logged, and never quoted in error messages.
 
 The file is re-read when its modification time or size changes (checked at most every ``reload_interval_s``); a file
-that cannot be read or parsed keeps the previous tokens and logs a warning (without the file's contents). Task safety:
-one event loop; the reload is a short synchronous read.
+that cannot be read or parsed, or that holds no token (refused at start too), keeps the previous tokens and logs a
+warning (without the file's contents). A request carrying more than one ``Authorization`` value (two REST headers,
+two gRPC ``authorization`` metadata entries) is refused with 401 / UNAUTHENTICATED: no front picks one of them.
+Task safety: one event loop; the reload is a short synchronous read.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import hmac
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from gateway.errors import PermissionDenied, Unauthenticated
+from gateway.errors import PermissionDenied, Unauthenticated, clip
 from schemas.gateway_settings import GatewaySettings, is_loopback
 
 __all__ = ["Authenticator", "TokenEntry", "exposure_problem", "parse_tokens"]
@@ -95,8 +98,15 @@ class Authenticator:
                 raise ValueError(f"auth.tokens_file: cannot use {self.path}: {exc}") from None
             log.warning("tokens file not reloaded; keeping the previous tokens", extra={"reason": str(exc)})
             return
-        if initial and not entries:
-            raise ValueError(f"auth.tokens_file: {self.path} has no tokens")
+        if not entries:
+            if initial:
+                raise ValueError(f"auth.tokens_file: {self.path} has no tokens")
+            # an empty file is refused at start, and so at reload (a file being rewritten can look empty)
+            log.warning(
+                "tokens file not reloaded; keeping the previous tokens", extra={"reason": "no tokens"}
+            )
+            self._stamp = stamp
+            return
         self._entries = entries
         self._stamp = stamp
         if not initial:
@@ -108,9 +118,12 @@ class Authenticator:
             self._checked = now
             self._load()
 
-    def check(self, authorization: str | None, model: str | None) -> None:
-        """``None`` when ``authorization`` carries a token valid for ``model``; raises 401/403 errors otherwise."""
+    def scope(self, authorization: str | Sequence[str] | None) -> frozenset[str] | None:
+        """The models the token in ``authorization`` may use (None: every model); raises 401 errors when there is
+        no valid token. ``authorization`` is the header's value, or every value the request carried (REST headers,
+        gRPC metadata entries): more than one is refused (401), whatever they hold."""
         self._maybe_reload()
+        authorization = _single(authorization)
         if not authorization:
             raise Unauthenticated("Missing bearer token: send 'Authorization: Bearer <token>'")
         scheme, _, token = authorization.strip().partition(" ")
@@ -124,8 +137,25 @@ class Authenticator:
                 match = entry
         if match is None:
             raise Unauthenticated("Invalid bearer token")
-        if model is not None and match.models is not None and model not in match.models:
-            raise PermissionDenied(f"Token is not allowed to use model {model}")
+        return match.models
+
+    def check(self, authorization: str | Sequence[str] | None, model: str | None) -> None:
+        """``None`` when ``authorization`` carries a token valid for ``model``; raises 401/403 errors otherwise
+        (see :meth:`scope` for several values)."""
+        models = self.scope(authorization)
+        if model is not None and models is not None and model not in models:
+            raise PermissionDenied(f"Token is not allowed to use model {clip(model)}")
+
+
+def _single(authorization: str | Sequence[str] | None) -> str | None:
+    """The one Authorization value (None when absent); 401 when the request carried several."""
+    if authorization is None or isinstance(authorization, str):
+        return authorization
+    if len(authorization) > 1:
+        raise Unauthenticated(
+            f"Malformed Authorization header: {len(authorization)} Authorization values, expected one"
+        )
+    return authorization[0] if authorization else None
 
 
 def exposure_problem(settings: GatewaySettings) -> str | None:

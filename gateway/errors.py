@@ -18,7 +18,9 @@
                                  Unauthenticated: only produced by ``error_for_code`` from a backend status
 
 A class may set ``http_override`` when HTTP has a more precise status than the code's (413, 408, 431); gRPC fronts
-use ``code``. Client-facing texts go through :func:`public_message`, which removes backend addresses.
+use ``code``. Client-facing texts go through :func:`public_message`, which removes backend addresses and bounds the
+length (:data:`MAX_MESSAGE_CHARS`) in linear time; client-controlled parts of a message (model, signature, label,
+feature and input names, paths) are cut with :func:`clip` (:data:`CLIENT_TEXT_CHARS`) where the message is made.
 
 Messages name what was wrong: feature, example index, input name. ``BackendError`` translation from grpc errors lives
 in ``gateway/backends``; this module has no grpc import so pure codecs can raise these errors.
@@ -32,7 +34,9 @@ from enum import IntEnum
 from typing import ClassVar, Final
 
 __all__ = [
+    "CLIENT_TEXT_CHARS",
     "HTTP_STATUS",
+    "MAX_MESSAGE_CHARS",
     "Aborted",
     "AlreadyExists",
     "Cancelled",
@@ -53,6 +57,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "Unimplemented",
+    "clip",
     "error_for_code",
     "http_status",
     "public_message",
@@ -239,26 +244,85 @@ def status_string(err: GatewayError) -> str:
     return f"{err.code.name}: {err.message}"
 
 
-# gRPC-style addresses (ipv4:1.2.3.4:8500, ipv6:[::1]:8500, unix:/path), bare IPs, host.name:port.
-_ADDRESS: Final = re.compile(
-    r"(?:\b(?:ipv4|ipv6|dns|unix|unix-abstract):(?://)?)?"
-    r"(?:\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*(?:%[\w.-]+)?\](?::\d{1,5})?"
-    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b"
-    r"|\b[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)+:\d{1,5}\b"
-    r"|(?<=unix:)/\S+)"
-)
+# ---- client-facing texts ---------------------------------------------------------------------------------------
+
+CLIENT_TEXT_CHARS: Final = 256
+"""A client-controlled part echoed in an error (model name, signature, label, feature or input name, path) is cut to
+this many characters by :func:`clip`."""
+MAX_MESSAGE_CHARS: Final = 16384
+""":func:`public_message` cuts any message to this many characters (a bound for texts no :func:`clip` shortened)."""
 _HIDDEN: Final = "<backend>"
 
+# One token per match, left to right; every alternative is deterministic (no nested or overlapping repetition), so a
+# failed attempt at a position costs at most the run of characters after it that one class accepts, and every
+# character is consumed by at most a constant number of attempts: ``sub`` runs in time linear in the text. A gRPC
+# scheme prefix (``ipv4:``, ``dns:///``, ...) is matched with the address that follows it.
+_TOKEN: Final = re.compile(
+    r"(?P<unix>\b(?:unix-abstract:|unix:/)\S*)"
+    r"|(?P<scheme>(?:ipv4|ipv6|dns):(?://?/?)?)?"
+    r"(?:(?P<bracket>\[[0-9A-Fa-f.:]*(?:%[\w.-]+)?\])|(?P<run>[A-Za-z0-9_.-]+))"
+    r"(?P<port>:\d{1,5}(?!\w))?"
+)
+_EDGE: Final = "._-"
 
-def public_message(message: str, targets: Iterable[str] = ()) -> str:
-    """``message`` without backend addresses: every configured target (``host:port`` as configured, and its host),
-    gRPC address forms and ``host.name:port`` / IP literals become ``<backend>``."""
-    message = _ADDRESS.sub(_HIDDEN, message)
+
+def clip(text: str, limit: int = CLIENT_TEXT_CHARS) -> str:
+    """``text`` when it has at most ``limit`` characters, else its first ``limit`` characters, ``...`` and the
+    original length: ``aaaa... (1048576 chars)``. For client-controlled parts of error messages; O(limit)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} chars)"
+
+
+def _is_ipv4(host: str) -> bool:
+    parts = host.split(".")
+    return len(parts) == 4 and all(0 < len(p) <= 3 and p.isascii() and p.isdigit() for p in parts)
+
+
+def _address(m: re.Match[str]) -> str:
+    """The replacement of one token: ``<backend>`` for an address (keeping a run's leading/trailing ``._-``), else
+    the token unchanged."""
+    if m.group("unix") is not None:
+        return _HIDDEN
+    bracket, port = m.group("bracket"), m.group("port")
+    if bracket is not None:
+        return _HIDDEN if ":" in bracket else m.group(0)
+    run: str = m.group("run")
+    host = run.strip(_EDGE)
+    is_host = host[:1].isalnum() and "." in host and (port is not None or _is_ipv4(host))
+    if not is_host:
+        return m.group(0)
+    lead = run[: len(run) - len(run.lstrip(_EDGE))]
+    trail = "" if port is not None else run[len(lead) + len(host) :]
+    return f"{lead}{_HIDDEN}{trail}"
+
+
+def _scrub(message: str, targets: Iterable[str]) -> str:
+    """``message`` with backend addresses replaced; linear in ``len(message)`` (times the targets' lengths)."""
+    message = _TOKEN.sub(_address, message)
     for t in sorted(targets, key=len, reverse=True):
         if t and t in message:
             message = message.replace(t, _HIDDEN)
     for t in targets:
         host = t.rsplit(":", 1)[0]
-        if len(host) > 2 and host in message:
+        if len(host) > 2 and host in message:  # a literal with fixed-width lookarounds: linear
             message = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", _HIDDEN, message)
     return message
+
+
+def public_message(message: str, targets: Iterable[str] = ()) -> str:
+    """``message`` as a client may see it: without backend addresses and at most about :data:`MAX_MESSAGE_CHARS`.
+
+    Every configured target (``host:port`` as configured, and its host), gRPC address forms (``ipv4:1.2.3.4:8500``,
+    ``ipv6:[::1]:8500``, ``unix:/path``), ``host.name:port`` and IPv4 literals become ``<backend>``. A longer message
+    is cut first, before the last word that runs across the cut (so no address is left half hidden), and ends with
+    ``... (message cut: N chars)``. Time linear in ``min(len(message), MAX_MESSAGE_CHARS)``; never a regex with
+    backtracking over the text."""
+    size = len(message)
+    if size <= MAX_MESSAGE_CHARS:
+        return _scrub(message, targets)
+    head = message[:MAX_MESSAGE_CHARS]
+    if not message[MAX_MESSAGE_CHARS].isspace():  # drop the part of a word that runs across the cut
+        parts = head.rsplit(None, 1)
+        head = parts[0] if len(parts) == 2 else ""
+    return f"{_scrub(head, targets)}... (message cut: {size} chars)"

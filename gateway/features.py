@@ -47,7 +47,7 @@ import numpy.typing as npt
 
 from gateway.codec.example import parse_example
 from gateway.codec.rapidjson import b64_decode
-from gateway.errors import InvalidArgument
+from gateway.errors import InvalidArgument, clip
 from gateway.lookup_mapping import LookupKind, LookupMapping, lookups_of
 from schemas.manifest import DenseFeatureSpec, FeatureKind, Manifest, SparseFeatureSpec
 from schemas.proto import tfs_pb2
@@ -140,7 +140,7 @@ def batch_from_columns(inputs: Any, manifest: Manifest) -> FeatureBatch:
     first = ""
     for name, column in inputs.items():
         if name not in roles:
-            raise InvalidArgument(f"feature {name!r}: unknown feature; {_expected_names(manifest)}")
+            raise InvalidArgument(f"feature {clip(name)!r}: unknown feature; {_expected_names(manifest)}")
         if not isinstance(column, list):
             raise InvalidArgument(
                 f"feature {name!r}: expected a list with one value per example, got {_show(column)}"
@@ -474,7 +474,7 @@ class _Builder:
             role = self.roles.get(name)
             if role is None:
                 raise InvalidArgument(
-                    f"feature {name!r} at example {i}: unknown feature; {_expected_names(self.manifest)}"
+                    f"feature {clip(name)!r} at example {i}: unknown feature; {_expected_names(self.manifest)}"
                 )
             self._json_value(role, name, i, value)
         for name, (kind, _spec) in self.roles.items():

@@ -1,5 +1,6 @@
 """Resources of one app, opened in the lifespan: gRPC channels (one per target), clients, servables, the parse threads
-and processes, the manifest watcher and the PS stream-position poller (``grpc.position_poll_s``), and the gRPC front
+and processes, the manifest watcher, the PS stream-position poller (``grpc.position_poll_s``), the readiness poller
+(``health_poll_s``, :mod:`gateway.readiness`), and the gRPC front
 (when ``grpc_port`` is set); the limiter, the buffered-bytes budget and the
 authenticator are built with the app. ``Runtime.track`` is the per-request accounting both fronts use."""
 
@@ -27,6 +28,7 @@ from gateway.core.positions import PositionTracker
 from gateway.errors import GatewayError, ResourceExhausted, Unavailable
 from gateway.limits import BufferedBytes, ParsePool
 from gateway.metrics import Metrics
+from gateway.readiness import PROBE_TIMEOUT_S, Readiness, poll_readiness
 from gateway.stream import DeltaStream
 from schemas.deployment import EmbeddingModel
 from schemas.gateway_settings import GatewaySettings
@@ -110,6 +112,9 @@ class Runtime:
     positions: dict[str, PositionTracker] = field(
         default_factory=dict
     )  # per embedding model, while the app runs with grpc.position_poll_s > 0
+    readiness: Readiness = field(
+        default_factory=Readiness
+    )  # the health poller's last result (/readyz, gRPC Health)
 
     @contextmanager
     def track(self, *, admit: bool = True) -> Iterator[Call]:
@@ -188,6 +193,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         else:
             servables[m.name] = PassthroughServable(m, client(m.target), cache)
     rt.gateway = Gateway(servables)
+    health = await _start_health(rt, rt.gateway)
     rt.executor = ThreadPoolExecutor(s.limits.parse_threads, thread_name_prefix="embedgate-parse")
     if s.limits.parse_processes:
         rt.procs = ParsePool(s.limits.parse_processes)
@@ -223,7 +229,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         )
         yield
     finally:
-        for task in (watcher, poller):
+        for task in (watcher, poller, health):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -247,6 +253,21 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if rt.procs is not None:
             rt.procs.shutdown()
             rt.procs = None
+
+
+async def _start_health(rt: Runtime, gw: Gateway) -> asyncio.Task[None]:
+    """The first readiness poll (so /readyz is right as soon as the app serves), then the poller task
+    (``health_poll_s``)."""
+    s = rt.settings
+    rt.readiness = Readiness()
+    timeout = min(PROBE_TIMEOUT_S, s.request_timeout_s)
+    try:
+        await rt.readiness.poll(gw, timeout)
+    except Exception:  # a bug in one poll must not stop startup; the poller retries
+        log.exception("readiness poll failed")
+    return asyncio.create_task(
+        poll_readiness(rt.readiness, gw, s.health_poll_s, timeout, first_done=True), name="health-poller"
+    )
 
 
 def _start_cache(rt: Runtime, servables: dict[str, Servable]) -> asyncio.Task[None] | None:

@@ -50,7 +50,7 @@ import numpy as np
 from starlette.requests import Request
 
 from gateway.codec import json_tensor as jt
-from gateway.errors import InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable
+from gateway.errors import InvalidArgument, PayloadTooLarge, ResourceExhausted, Unavailable, clip
 from schemas.gateway_settings import LimitsSettings
 
 __all__ = [
@@ -403,7 +403,7 @@ def _batch_sizes(doc: dict[str, Any]) -> Iterator[tuple[str, int]]:
     elif isinstance(inputs, dict):
         for name, v in inputs.items():
             if isinstance(v, list):
-                yield f"inputs[{name!r}]", len(v)
+                yield f"inputs[{clip(name)!r}]", len(v)
 
 
 def _per_feature(doc: dict[str, Any]) -> Iterator[tuple[str, int, list[Any]]]:
@@ -444,7 +444,7 @@ def check_structure(doc: dict[str, Any], limits: LimitsSettings) -> None:
     for name, i, v in _per_feature(doc):
         if len(v) > cap:
             raise PayloadTooLarge(
-                f"feature {name!r} at example {i} has {len(v)} values, more than the limit of {cap} "
+                f"feature {clip(name)!r} at example {i} has {len(v)} values, more than the limit of {cap} "
                 "(limits.max_ids_per_feature)"
             )
 

@@ -157,6 +157,13 @@ class GatewaySettings(EnvOverFile):
         ge=0,
         description="re-read each embedding model's manifest.json this often when it changed (seconds); 0 = off",
     )
+    health_poll_s: float = Field(
+        2.0,
+        gt=0,
+        le=3600,
+        description="how often the gateway probes every backend for /readyz and gRPC Health (one GetModelStatus "
+        "per backend servable per poll; probes never run per request)",
+    )
     grpc: GrpcSettings = GrpcSettings()
     tls: ServerTLS | None = Field(None, description="TLS on the REST port (https; mTLS with client_ca_file)")
     backend_tls: BackendTLS | None = Field(None, description="TLS/mTLS on every gRPC channel to backends")

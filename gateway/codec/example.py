@@ -17,7 +17,7 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError
 
 from gateway.codec.rapidjson import b64_decode, debug_string, json_type, render_number
-from gateway.errors import InvalidArgument
+from gateway.errors import InvalidArgument, clip
 from schemas.proto import tfs_pb2
 
 __all__ = ["input_from_json", "parse_example"]
@@ -90,7 +90,7 @@ def _fill_example(value: Any, example: tfs_pb2.Example) -> None:
         raise InvalidArgument(f"Example must be JSON object but got JSON {json_type(value)}")
     features = example.features.feature
     for name, content in value.items():
-        kind, values = _feature_values(str(name), content)
+        kind, values = _feature_values(clip(str(name)), content)  # the name is only quoted in errors
         feature = features[str(name)]
         if kind is None:
             feature.SetInParent()  # present, no kind (from [])

@@ -37,7 +37,7 @@ import orjson
 from gateway.codec.numbers import SMALL, bool_tokens, float_tokens, format_float, int_tokens
 from gateway.codec.rapidjson import PrettyWriter, b64_decode, debug_string, json_type, write_string
 from gateway.codec.tensor import dtype_for
-from gateway.errors import GatewayError, InvalidArgument, Unimplemented, status_string
+from gateway.errors import GatewayError, InvalidArgument, Unimplemented, clip, status_string
 from schemas.proto import tfs_pb2
 
 __all__ = [
@@ -445,11 +445,11 @@ def _from_instances(
             for name, value in elem.items():
                 try:
                     if name not in dtypes:
-                        raise InvalidArgument(f"JSON object: does not have named input: {name}")
+                        raise InvalidArgument(f"JSON object: does not have named input: {clip(name)}")
                     stacks.setdefault(name, _Stack(dtypes[name])).add(value)
                 except GatewayError as exc:
                     raise InvalidArgument(
-                        f"Failed to process element: {i} key: {name} of 'instances' list. "
+                        f"Failed to process element: {i} key: {clip(name)} of 'instances' list. "
                         f"Error: {status_string(exc)}"
                     ) from None
             if set(elem) != set(names):

@@ -28,7 +28,7 @@ from gateway.core.requests import (
 )
 from gateway.core.servable import Servable, StatusClient, available
 from gateway.core.versions import VersionPinner
-from gateway.errors import GatewayError, Internal, InvalidArgument, NotFound
+from gateway.errors import GatewayError, Internal, InvalidArgument, NotFound, clip
 from gateway.limits import offload
 from schemas.deployment import EmbeddingModel
 from schemas.manifest import LOOKUP_SIGNATURE, Manifest, lookup_ids_input, lookup_values_output
@@ -115,7 +115,7 @@ class EmbeddingServable(Servable):
 
     def _check_signature(self, sig: str) -> None:
         if sig not in ("", self.signature):
-            raise InvalidArgument(f'Serving signature name: "{sig}" not found in signature def')
+            raise InvalidArgument(f'Serving signature name: "{clip(sig)}" not found in signature def')
 
     async def _lookup(
         self,

@@ -27,7 +27,7 @@ from gateway.core.requests import (
     VersionSpec,
 )
 from gateway.core.servable import Servable, is_hidden_signature
-from gateway.errors import GatewayError, InvalidArgument, NotFound
+from gateway.errors import GatewayError, InvalidArgument, NotFound, clip
 from schemas.proto import tfs_pb2
 
 __all__ = ["Gateway"]
@@ -45,7 +45,7 @@ class Gateway:
         """The servable and the backend version spec (configured labels become versions)."""
         m = self.servables.get(name)
         if m is None:
-            raise NotFound(f"Servable not found for request: {spec.describe(name)}")
+            raise NotFound(f"Servable not found for request: {spec.describe(clip(name))}")
         if spec.label is not None:
             if spec.version is not None:
                 raise InvalidArgument("A model spec cannot carry both a version and a version label")
@@ -70,12 +70,12 @@ class Gateway:
         if isinstance(req, StatusRequest):
             m = self.servables.get(req.model)
             if m is None:
-                raise NotFound(f"Could not find any versions of model {req.model}")
+                raise NotFound(f"Could not find any versions of model {clip(req.model)}")
             spec = req.spec  # TF Serving's status path ignores labels (all versions are listed)
         else:
             if not isinstance(req, MetadataRequest) and is_hidden_signature(req.signature):
                 raise NotFound(
-                    f'Servable not found for request: {req.spec.describe(req.model)} signature "{req.signature}"'
+                    f'Servable not found for request: {req.spec.describe(clip(req.model))} signature "{clip(req.signature)}"'
                 )
             m, spec = self._resolve(req.model, req.spec)
         try:

@@ -17,7 +17,7 @@ from gateway.core.requests import (
     VersionSpec,
 )
 from gateway.core.servable import Servable, StatusClient, available, is_hidden_signature
-from gateway.errors import FailedPrecondition, GatewayError, Internal, InvalidArgument
+from gateway.errors import FailedPrecondition, GatewayError, Internal, InvalidArgument, clip
 from gateway.limits import offload
 from schemas.deployment import PassthroughModel
 from schemas.proto import tfs_pb2
@@ -82,10 +82,10 @@ class PassthroughServable(Servable):
         used, sigmap = await self.cache.get(self.client, self.served, spec, deadline)
         key = signature or DEFAULT_SIGNATURE
         if key not in sigmap.signature_def:
-            raise InvalidArgument(f'Serving signature name: "{key}" not found in signature def')
+            raise InvalidArgument(f'Serving signature name: "{clip(key)}" not found in signature def')
         dtypes = {k: v.dtype for k, v in sigmap.signature_def[key].inputs.items()}
         if not dtypes:
-            raise InvalidArgument(f"Failed to get input map for signature: {signature or 'DEFAULT'}")
+            raise InvalidArgument(f"Failed to get input map for signature: {clip(signature) or 'DEFAULT'}")
         return await self._call(await offload(inputs.tensors, dtypes), signature, spec, used, deadline)
 
     async def _call(

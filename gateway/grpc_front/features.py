@@ -25,7 +25,7 @@ import numpy as np
 
 from gateway.codec.numeric import numeric_ndarray
 from gateway.codec.tensor import to_ndarray
-from gateway.errors import GatewayError, InvalidArgument
+from gateway.errors import GatewayError, InvalidArgument, clip
 from gateway.features import FeatureBatch, SparseInput, map_lookups, string_features
 from gateway.lookup_mapping import LookupMapping, lookups_of
 from schemas.manifest import DenseFeatureSpec, FeatureKind, Manifest, SparseFeatureSpec
@@ -44,7 +44,7 @@ def batch_from_tensors(tensors: Mapping[str, tfs_pb2.TensorProto], manifest: Man
     known |= {d.name for d in manifest.dense_features}
     for name in tensors:
         if name not in known:
-            raise InvalidArgument(f"input {name!r}: unknown feature; {_expected(manifest)}")
+            raise InvalidArgument(f"input {clip(name)!r}: unknown feature; {_expected(manifest)}")
     arrays = {name: _decode(name, t) for name, t in tensors.items()}
     size = _batch_size(arrays, manifest)
     lookups = lookups_of(manifest)

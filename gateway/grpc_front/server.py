@@ -4,56 +4,72 @@ Started and stopped by the app lifespan, in uvicorn's event loop (``grpc.aio``),
 ``Runtime``: the same gateway core, limiter and metrics.
 
 Health (``grpc.health.v1.Health``): the services ``""``, ``tensorflow.serving.PredictionService`` and
-``tensorflow.serving.ModelService`` are SERVING when every configured model is ready (every backend answers
-GetModelStatus with an AVAILABLE version, as ``/readyz``), each configured model name has its own status; ``Check`` re-probes the backends before answering, and a background task refreshes the statuses every
-``HEALTH_REFRESH_S`` seconds for ``Watch``. Shutdown sets every status to NOT_SERVING first.
+``tensorflow.serving.ModelService`` are SERVING when every configured model is ready, each configured model name has
+its own status. Every status comes from the gateway's readiness poller (:mod:`gateway.readiness`, ``health_poll_s``,
+the state ``/readyz`` answers from): ``Check`` and ``Watch`` never call a backend. With tokens configured
+(``auth.tokens_file``), a model name is answered only to a caller whose ``authorization`` metadata carries a token for
+it: otherwise UNAUTHENTICATED / PERMISSION_DENIED, whether or not such a model exists (the three services above stay
+open). Shutdown sets every status to NOT_SERVING first.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import time
 from typing import Any, Final
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from gateway.errors import GatewayError, public_message
 from gateway.grpc_front.servicer import MODEL_SERVICE, PREDICTION_SERVICE, generic_handlers
 from gateway.lifespan import Runtime
+from gateway.readiness import Readiness
 
-__all__ = ["HEALTH_REFRESH_S", "GrpcFront"]
+__all__ = ["OPEN_SERVICES", "GrpcFront"]
 
 log = logging.getLogger("embedgate.gateway")
 
-HEALTH_REFRESH_S: Final = 5.0
-_PROBE_TIMEOUT_S: Final = 2.0
+OPEN_SERVICES: Final = ("", PREDICTION_SERVICE, MODEL_SERVICE)  # answered to anyone: the overall status
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_STATUS: Final = {s.value[0]: s for s in grpc.StatusCode}
 
 
 class _Health(health.aio.HealthServicer):  # type: ignore[misc]
+    """The standard health service over :class:`Readiness` (statuses set after each poll, never per call)."""
+
     def __init__(self, rt: Runtime) -> None:
         super().__init__()
         self._rt = rt
         self._server_status[""] = _NOT_SERVING
 
-    async def refresh(self) -> None:
-        gw = self._rt.gateway
-        if gw is None:
-            return
-        deadline = time.monotonic() + min(_PROBE_TIMEOUT_S, self._rt.settings.request_timeout_s)
-        models = await gw.ready(deadline)
-        for name, state in models.items():
-            await self.set(name, _SERVING if state == "ok" else _NOT_SERVING)
-        overall = _SERVING if all(v == "ok" for v in models.values()) else _NOT_SERVING
-        for service in ("", PREDICTION_SERVICE, MODEL_SERVICE):
+    async def update(self, state: Readiness) -> None:
+        """Statuses from the last readiness poll (a :class:`Readiness` listener)."""
+        for name, reason in state.models.items():
+            await self.set(name, _SERVING if reason == "ok" else _NOT_SERVING)
+        overall = _SERVING if state.ready else _NOT_SERVING
+        for service in OPEN_SERVICES:
             await self.set(service, overall)
 
+    async def _authorize(self, service: str, context: Any) -> None:
+        """Abort unless ``service`` is open or the caller's token may use that model (never tells whether it exists)."""
+        auth = self._rt.auth
+        if auth is None or service in OPEN_SERVICES:
+            return
+        values = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
+        try:
+            auth.check([v if isinstance(v, str) else "" for v in values], service)
+        except GatewayError as exc:
+            code = _STATUS.get(int(exc.code), grpc.StatusCode.UNAUTHENTICATED)
+            await context.abort(code, public_message(exc.message))
+
     async def Check(self, request: Any, context: Any) -> Any:
-        await self.refresh()
+        await self._authorize(request.service, context)
         return await super().Check(request, context)
+
+    async def Watch(self, request: Any, context: Any) -> Any:
+        await self._authorize(request.service, context)
+        return await super().Watch(request, context)
 
 
 class GrpcFront:
@@ -74,29 +90,18 @@ class GrpcFront:
         self._health = _Health(rt)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._address = f"{s.host}:{s.grpc_port}"
-        self._refresher: asyncio.Task[None] | None = None
         self.port = 0
 
     async def start(self) -> None:
         self.port = self._server.add_insecure_port(self._address)
         if self.port == 0:
             raise RuntimeError(f"cannot listen for gRPC on {self._address}")
+        await self._health.update(self._rt.readiness)
+        self._rt.readiness.subscribe(self._health.update)
         await self._server.start()
-        self._refresher = asyncio.create_task(self._refresh_loop(), name="grpc-health-refresh")
         log.info("grpc started", extra={"address": self._address})
 
-    async def _refresh_loop(self) -> None:
-        while True:
-            try:
-                await self._health.refresh()
-            except Exception:  # a probe failure must not end the loop; the next round retries
-                log.exception("grpc health refresh failed")
-            await asyncio.sleep(HEALTH_REFRESH_S)
-
     async def stop(self, grace: float = 5.0) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+        self._rt.readiness.unsubscribe(self._health.update)
         await self._health.enter_graceful_shutdown()
         await self._server.stop(grace)

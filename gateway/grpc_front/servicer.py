@@ -26,7 +26,7 @@ from gateway.core.requests import (
     StatusRequest,
     VersionSpec,
 )
-from gateway.errors import GatewayError, Internal, InvalidArgument, public_message
+from gateway.errors import GatewayError, Internal, InvalidArgument, clip, public_message
 from gateway.lifespan import Runtime
 from schemas.proto import tfs_pb2
 
@@ -94,7 +94,7 @@ def _filtered(
     for name in wanted:
         if name not in outputs:
             raise InvalidArgument(
-                f"output tensor alias not found in signature: {name} Outputs expected to be in the set "
+                f"output tensor alias not found in signature: {clip(name)} Outputs expected to be in the set "
                 f"{{{','.join(sorted(outputs))}}}."
             )
     return {name: outputs[name] for name in wanted}
@@ -135,8 +135,8 @@ class _Servicer:
             with rt.track(admit=False) as call:
                 call.api, call.model = api, model
                 if rt.auth is not None:  # the same bearer tokens as REST, from the `authorization` metadata
-                    auth = dict(context.invocation_metadata() or ()).get("authorization")
-                    rt.auth.check(auth if isinstance(auth, str) else None, model)
+                    auth = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
+                    rt.auth.check([v if isinstance(v, str) else "" for v in auth], model)  # several: refused
                 call.admit()
                 resp, version, *degraded = await fn(deadline)
                 call.version = "" if version is None else str(version)
@@ -226,7 +226,7 @@ class _Servicer:
                 raise InvalidArgument("GetModelMetadataRequest must specify at least one metadata_field")
             for f in fields:
                 if f != "signature_def":
-                    raise InvalidArgument(f"Metadata field {f} is not supported")
+                    raise InvalidArgument(f"Metadata field {clip(f)} is not supported")
             res = await self._gw.handle(MetadataRequest(ms.name, _version_spec(ms)), deadline)
             resp = tfs_pb2.GetModelMetadataResponse(model_spec=_reply_spec(ms.name, res.version, ""))
             packed = resp.metadata["signature_def"]

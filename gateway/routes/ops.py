@@ -2,24 +2,32 @@
 
 ``router``: ``/healthz``, ``/readyz`` with per-model details, ``/metrics`` (the public port when ``ops_port`` is not
 set, else the ops port). ``public_router``: ``/healthz`` and a bare ``/readyz`` (status only), for the public port
-when ``ops_port`` is set. Details never carry backend addresses on the public port.
+when ``ops_port`` is set.
+
+``/readyz`` answers from :class:`gateway.readiness.Readiness`, kept by the gateway's own poller (``health_poll_s``):
+no request makes a backend call. Who sees what: the ops port shows every detail to every caller (restrict it by
+network). On the public port without ``ops_port``, the details (model names and reasons, replicas, cache) are shown
+only when no tokens are configured, or to a caller with a valid token, and then only for the models that token may
+use; anyone else gets the overall status only (no model names). Details never carry backend addresses on the public
+port.
 """
 
 from __future__ import annotations
 
 import json
-import time
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
 from gateway.deps import RuntimeDep
-from gateway.errors import public_message
+from gateway.errors import GatewayError, public_message
+from gateway.lifespan import Runtime
 
 __all__ = ["public_router", "router"]
 
 router = APIRouter(tags=["operations"])
 public_router = APIRouter(tags=["operations"])
-_PROBE_TIMEOUT_S = 2.0
+
+_ALL = None  # a scope covering every model
 
 
 @router.get("/healthz", summary="Liveness: the process answers")
@@ -28,35 +36,55 @@ async def healthz() -> Response:
     return Response(b'{"status": "ok"}', media_type="application/json")
 
 
-async def _ready(rt: RuntimeDep, details: bool) -> Response:
-    if rt.gateway is None:
+def _scope(rt: Runtime, request: Request) -> frozenset[str] | bool | None:
+    """Whose details the caller may see on the public port: every model (None), these models, or none (False)."""
+    if rt.auth is None:
+        return _ALL
+    try:
+        return rt.auth.scope(request.headers.getlist("authorization"))
+    except GatewayError:  # no valid token: the overall status only
+        return False
+
+
+def _ready(rt: Runtime, scope: frozenset[str] | bool | None) -> Response:
+    """The readiness document from the poller's last result; ``scope`` as :func:`_scope` (ops port: None)."""
+    state = rt.readiness
+    if rt.gateway is None or state.polls == 0:
         return Response(b'{"status": "starting"}', status_code=503, media_type="application/json")
-    deadline = time.monotonic() + min(_PROBE_TIMEOUT_S, rt.settings.request_timeout_s)
-    models = await rt.gateway.ready(deadline)
-    ok = all(v == "ok" for v in models.values())
+    ok = state.ready
     doc: dict[str, object] = {"status": "ready" if ok else "not ready"}
-    if details:
+    if scope is not False:
+
+        def shown(name: str) -> bool:
+            return scope is None or name in scope
+
         on_ops_port = rt.settings.ops_port is not None
-        doc["models"] = (
-            models if on_ops_port else {k: public_message(v, rt.targets) for k, v in models.items()}
-        )
+        doc["models"] = {
+            k: (v if on_ops_port else public_message(v, rt.targets))
+            for k, v in state.models.items()
+            if shown(k)
+        }
         if rt.positions:  # PS replicas catching up, per model and shard (never makes the gateway unready)
-            doc["replicas"] = {name: tracker.status() for name, tracker in rt.positions.items()}
+            doc["replicas"] = {name: t.status() for name, t in rt.positions.items() if shown(name)}
         if rt.stream is not None:  # the hot-row cache: serving or why not (never makes the gateway unready)
-            doc["cache"] = {"stream_lag_s": round(rt.stream.lag_s, 3), **rt.stream.status()}
+            status = rt.stream.status()
+            models = status.get("models")
+            if isinstance(models, dict):
+                status = {**status, "models": {k: v for k, v in models.items() if shown(k)}}
+            doc["cache"] = {"stream_lag_s": round(rt.stream.lag_s, 3), **status}
     return Response(json.dumps(doc).encode(), status_code=200 if ok else 503, media_type="application/json")
 
 
 @router.get(
-    "/readyz", summary="Readiness: every configured backend answers GetModelStatus with an AVAILABLE version"
+    "/readyz", summary="Readiness: every configured backend answered GetModelStatus with an AVAILABLE version"
 )
-async def readyz(rt: RuntimeDep) -> Response:
-    return await _ready(rt, details=True)
+async def readyz(rt: RuntimeDep, request: Request) -> Response:
+    return _ready(rt, _ALL if rt.settings.ops_port is not None else _scope(rt, request))
 
 
 @public_router.get("/readyz", summary="Readiness (status only; details on the ops port)")
 async def readyz_bare(rt: RuntimeDep) -> Response:
-    return await _ready(rt, details=False)
+    return _ready(rt, False)
 
 
 @router.get("/metrics", summary="Prometheus metrics")

@@ -31,6 +31,7 @@ from gateway.errors import (
     InvalidArgument,
     RequestTimeout,
     ResourceExhausted,
+    clip,
     public_message,
 )
 from gateway.lifespan import Call, Runtime
@@ -120,7 +121,7 @@ def _route(method: str, path: str) -> _Target:
             raise InvalidArgument("Missing model name in request.")
         api = "metadata" if s.group(4) is not None else "status"
         return _Target(api, unquote(s.group(1)), _spec(s.group(2), s.group(3)))
-    raise InvalidArgument(f"Malformed request: {method} {path}")
+    raise InvalidArgument(f"Malformed request: {clip(method)} {clip(path)}")
 
 
 def _error_response(rt: Runtime, exc: GatewayError) -> Response:
@@ -188,7 +189,7 @@ async def _serve(
     gw = rt.gateway
     if gw is None:
         raise Internal("gateway is not started")
-    authorization = request.headers.get("authorization")
+    authorization = request.headers.getlist("authorization")  # several values are refused (gateway.auth)
     try:
         target = _route(request.method, path)
     except InvalidArgument:
