@@ -38,7 +38,7 @@ def dump_yaml(data: Any, header: str = "") -> str:
     """``data`` as block YAML in insertion order after ``header`` (comment lines, each without the ``#``)."""
     comments = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
     body = yaml.dump(
-        data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True
+        data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096, allow_unicode=True
     )
     return comments + body
 
