@@ -15,7 +15,8 @@ from collections.abc import Sequence
 __all__ = ["build_parser", "main"]
 
 _COMMAND_MODULES = (
-    "embedgate.export.cli",  # export, demo-model, tables, placement
+    "embedgate.export.cli",  # export, demo-model, tables, placement, helm-values
+    "embedgate.deploy.cli",  # deploy compose | helm
     "embedgate.localserve.cli",  # serve-local
     "gateway.cli",  # gateway
     "updater.cli",  # updater, publish

@@ -218,6 +218,12 @@ class Manifest(_Strict):
         "offset (every row published before it is in the snapshot; each PS table starts at this position); "
         "empty = none recorded (replicas start without a position)",
     )
+    tensorflow_version: str | None = Field(
+        None,
+        max_length=64,
+        description="tf.__version__ of the TensorFlow that wrote the SavedModels, e.g. 2.21.0: serve them with the "
+        "TF Serving release of that version; None = not recorded (manifests written before the field existed)",
+    )
 
     @model_validator(mode="after")
     def _check_references(self) -> Manifest:

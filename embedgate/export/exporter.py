@@ -152,6 +152,7 @@ def _export_plan(
         partition=PartitionSpec(num_shards=num_shards),
         entry=EntrySpec(outputs=plan.outputs),
         stream_cut=dict(stream_cut or {}),
+        tensorflow_version=_tensorflow_version(),
     )
 
     def build(tmp: Path) -> None:
@@ -178,6 +179,13 @@ def _export_plan(
         tmp_req.write_text(json.dumps(example) + "\n", encoding="utf-8")
         tmp_req.replace(model_dir / EXAMPLE_REQUEST_FILE)
     return ExportResult(model_dir=model_dir, version=ver, manifest=manifest)
+
+
+def _tensorflow_version() -> str:
+    """``tf.__version__`` of the TensorFlow writing the SavedModels (recorded in the manifest)."""
+    import tensorflow as tf
+
+    return str(tf.__version__)
 
 
 def check_stream_cut(cut: Mapping[str, int] | None) -> dict[str, int]:

@@ -19,7 +19,18 @@ from typing import Any
 
 from schemas.manifest import Manifest, entry_model_name, ps_dir_name, ps_model_name
 
-__all__ = ["Filter", "PlacementError", "Servable", "helm_values", "model_config", "parse_filter", "select"]
+__all__ = [
+    "Filter",
+    "PlacementError",
+    "Servable",
+    "check_host_name",
+    "helm_placement",
+    "helm_values",
+    "matching",
+    "model_config",
+    "parse_filter",
+    "select",
+]
 
 
 class PlacementError(ValueError):
@@ -167,27 +178,48 @@ def select(
     """The servables of ``model_dir`` that any filter selects, entry first then shards in order.
 
     ``name_prefix`` replaces the model name in served names; ``base_path_root`` replaces the model directory's parent
-    in base paths (e.g. where the host mounts the artifacts); default: the absolute local path.
+    in base paths (e.g. where the host mounts the artifacts); default: the absolute local path. Raises
+    :class:`PlacementError` when no servable matches (:func:`matching` answers an empty list instead).
     """
     md = Path(model_dir).resolve()
+    parsed = _parsed(filters)
+    chosen = matching(md, parsed, name_prefix=name_prefix, base_path_root=base_path_root)
+    if not chosen:
+        num_shards = Manifest.load(md).num_shards
+        raise PlacementError(
+            f"{md}: no servable matches the filters {[f.text for f in parsed]} "
+            f"(sub-graphs: entry, ps_0..ps_{num_shards - 1})"
+        )
+    return chosen
+
+
+def matching(
+    model_dir: str | Path,
+    filters: Sequence[str | Filter],
+    *,
+    name_prefix: str | None = None,
+    base_path_root: str | None = None,
+) -> list[Servable]:
+    """Like :func:`select`, but a placement that selects nothing of this model is an empty list (a host of a
+    multi-model deployment may serve none of one model's servables)."""
+    md = Path(model_dir).resolve()
     manifest = Manifest.load(md)
-    parsed = [f if isinstance(f, Filter) else parse_filter(f) for f in filters]
-    if not parsed:
-        raise PlacementError("no filter given: pass at least one, e.g. 'entry; True'")
+    parsed = _parsed(filters)
     prefix = name_prefix or manifest.model_name
     root = base_path_root.rstrip("/") + "/" + md.name if base_path_root else str(md)
     candidates = [("entry", entry_model_name(prefix))] + [
         (ps_dir_name(i), ps_model_name(prefix, i)) for i in range(manifest.num_shards)
     ]
-    chosen = [
+    return [
         Servable(sg, name, f"{root}/{sg}") for sg, name in candidates if any(f.selects(sg) for f in parsed)
     ]
-    if not chosen:
-        raise PlacementError(
-            f"{md}: no servable matches the filters {[f.text for f in parsed]} "
-            f"(sub-graphs: entry, ps_0..ps_{manifest.num_shards - 1})"
-        )
-    return chosen
+
+
+def _parsed(filters: Sequence[str | Filter]) -> list[Filter]:
+    parsed = [f if isinstance(f, Filter) else parse_filter(f) for f in filters]
+    if not parsed:
+        raise PlacementError("no filter given: pass at least one, e.g. 'entry; True'")
+    return parsed
 
 
 def model_config(servables: Sequence[Servable]) -> str:
@@ -210,7 +242,22 @@ def _quote(s: str) -> str:
 
 
 def helm_values(model_dir: str | Path, hosts: Sequence[tuple[str, str]]) -> str:
-    """The Helm chart's ``model`` and ``psHosts`` values (YAML) for PS hosts named by ``(host, filter)`` pairs.
+    """The Helm chart's ``model`` and ``psHosts`` values (YAML) for PS hosts named by ``(host, filter)`` pairs
+    (:func:`helm_placement` as text)."""
+    values = helm_placement(model_dir, hosts)
+    model = values["model"]
+    lines = [
+        "model:",
+        *(f"  {key}: {model[key]}" for key in ("name", "shards", "rowsPerShard", "dim")),
+        "psHosts:",
+    ]
+    for host in values["psHosts"]:
+        lines += [f"  - name: {host['name']}", f"    shards: [{', '.join(map(str, host['shards']))}]"]
+    return "\n".join(lines) + "\n"
+
+
+def helm_placement(model_dir: str | Path, hosts: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """The Helm chart's ``model`` and ``psHosts`` values for PS hosts named by ``(host, filter)`` pairs.
 
     A host named several times gets every shard any of its filters selects (the entry is placed by the chart itself).
     Refuses a host that selects no shard and a placement that leaves a shard on no host. For the chart's PS memory
@@ -222,30 +269,34 @@ def helm_values(model_dir: str | Path, hosts: Sequence[tuple[str, str]]) -> str:
     manifest = Manifest.load(md)
     by_host: dict[str, list[Filter]] = {}
     for host, text in hosts:
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", host) or len(host) > 20:
-            raise PlacementError(
-                f"host name {host!r}: use 1-20 lowercase letters, digits and '-' (it names Kubernetes objects)"
-            )
+        check_host_name(host)
         by_host.setdefault(host, []).append(parse_filter(text))
     if not by_host:
         raise PlacementError("no host given: pass at least one, e.g. even='ps_{i}; i % 2 == 0'")
     placed: set[int] = set()
     total_rows = sum(t.rows for t in manifest.tables)
-    lines = [
-        "model:",
-        f"  name: {manifest.model_name}",
-        f"  shards: {manifest.num_shards}",
-        f"  rowsPerShard: {max(-(-total_rows // manifest.num_shards), 1)}",
-        f"  dim: {max(-(-sum(t.rows * t.dim for t in manifest.tables) // max(total_rows, 1)), 1)}",
-        "psHosts:",
-    ]
+    model = {
+        "name": manifest.model_name,
+        "shards": manifest.num_shards,
+        "rowsPerShard": max(-(-total_rows // manifest.num_shards), 1),
+        "dim": max(-(-sum(t.rows * t.dim for t in manifest.tables) // max(total_rows, 1)), 1),
+    }
+    ps_hosts: list[dict[str, Any]] = []
     for host, filters in by_host.items():
         shards = [i for i in range(manifest.num_shards) if any(f.selects(ps_dir_name(i)) for f in filters)]
         if not shards:
             raise PlacementError(f"host {host!r}: its filters {[f.text for f in filters]} select no PS shard")
         placed.update(shards)
-        lines += [f"  - name: {host}", f"    shards: [{', '.join(map(str, shards))}]"]
+        ps_hosts.append({"name": host, "shards": shards})
     missing = sorted(set(range(manifest.num_shards)) - placed)
     if missing:
         raise PlacementError(f"{md}: shards {missing} are on no host; every shard needs at least one")
-    return "\n".join(lines) + "\n"
+    return {"model": model, "psHosts": ps_hosts}
+
+
+def check_host_name(host: str) -> None:
+    """Refuse a host name that cannot name Kubernetes objects or compose services (PlacementError quoting it)."""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", host) or len(host) > 20:
+        raise PlacementError(
+            f"host name {host!r}: use 1-20 lowercase letters, digits and '-' (it names Kubernetes objects)"
+        )

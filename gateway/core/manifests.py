@@ -58,6 +58,31 @@ def _file_version(path: Path) -> int | None:
         return None
 
 
+def _log_tensorflow_version(model: str, manifest: Manifest, previous: Manifest | None) -> None:
+    """Log the TensorFlow release ``manifest`` was exported with (``Manifest.tensorflow_version``), the one check of
+    backend versions the gateway can make: TF Serving's API (GetModelStatus, GetModelMetadata) reports no TensorFlow
+    version, so the backends' release cannot be compared. A warning when it differs from ``previous`` (the newest
+    manifest known before): the new version may need another TF Serving release than the one running."""
+    tf_version = manifest.tensorflow_version
+    extra = {"model": model, "version": manifest.version, "tensorflow_version": tf_version}
+    if previous is None:
+        log.info(
+            "model exported with this TensorFlow: serve it with the TF Serving release of that version (TF Serving "
+            "does not report its version; the gateway cannot check its backends)",
+            extra=extra,
+        )
+    elif tf_version != previous.tensorflow_version:
+        log.warning(
+            "new model version exported with another TensorFlow than the previous one: the TF Serving backends "
+            "must run a release that loads it (TF Serving does not report its version)",
+            extra={
+                **extra,
+                "previous_version": previous.version,
+                "previous_tensorflow_version": previous.tensorflow_version,
+            },
+        )
+
+
 def _no_reload_observer(model: str, outcome: str) -> None:
     return None
 
@@ -90,6 +115,7 @@ class ManifestStore:
         self._on_reload = on_reload
         self._by_version: dict[int, Manifest] = {initial.version: initial}
         self._stat = _stat(path) if path is not None else None
+        _log_tensorflow_version(model, initial, None)
         if path is not None:
             attach_lookups(initial, load_lookups(path.parent))
             if _file_version(path) not in (None, initial.version):
@@ -161,6 +187,7 @@ class ManifestStore:
             detach_lookups(manifest)
             return False
         # a replaced object of the same version keeps its lookups: a request may still be parsing with it
+        _log_tensorflow_version(self.model, manifest, self.latest)
         self._by_version[manifest.version] = manifest
         log.info("manifest loaded", extra={"model": self.model, "version": manifest.version})
         return True

@@ -40,6 +40,20 @@ def test_chart_lints_strictly() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_chart_renders_and_lints_as_shipped_with_no_flags() -> None:
+    """The Helm `make deploy-tools` builds assumes Kubernetes v1.20.0 when not told otherwise (no version ldflags):
+    the chart's kubeVersion admits it, `helm lint` reports nothing above INFO, and what renders is valid."""
+    lint = run([tool("helm"), "lint", CHART, "--strict"])
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert "[WARNING]" not in lint.stdout and "[ERROR]" not in lint.stdout, lint.stdout
+    proc = run([tool("helm"), "template", CHART])
+    assert proc.returncode == 0, proc.stderr
+    check = run([tool("deploycheck"), "k8s"], stdin=proc.stdout)
+    assert check.returncode == 0, check.stdout + check.stderr
+    hpa = next(d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+
+
 @pytest.mark.parametrize("sets", VARIANTS.values(), ids=list(VARIANTS))
 def test_rendered_objects_validate_against_the_kubernetes_api(sets: list[str]) -> None:
     proc = helm_template(*sets)
@@ -151,8 +165,10 @@ def test_gateway_serves_tf_serving_ports_with_probes_and_an_hpa() -> None:
 
 
 def test_ps_memory_request_follows_the_sizing_figure() -> None:
-    # (180 + 6.4 x dim) MB per million rows (docs/deployment.md) per shard on the host, times the 1.3 headroom:
-    # 10 M rows per shard at dim 128; host "one" serves one shard, host "three" three
+    # the server's baseline + (180 + 6.4 x dim) MB per million rows (docs/deployment.md) per shard on the host,
+    # times the 1.3 headroom: 10 M rows per shard at dim 128; host "one" serves one shard, host "three" three
+    baseline = yaml.safe_load((CHART / "values.yaml").read_text())["ps"]["baselineMB"]
+    assert baseline >= 749  # serve-local's measured RSS with an empty PS (docs/deployment.md "Sizing")
     docs = render(
         "model.rowsPerShard=10000000",
         "model.dim=128",
@@ -169,9 +185,16 @@ def test_ps_memory_request_follows_the_sizing_figure() -> None:
         for name, sts in by_kind(docs, "StatefulSet").items()
     }
     assert memory == {
-        "r-embedgate-ps-one": f"{math.ceil(mb * 1.3)}Mi",
-        "r-embedgate-ps-three": f"{math.ceil(3 * mb * 1.3)}Mi",
+        "r-embedgate-ps-one": f"{math.ceil(baseline + mb * 1.3)}Mi",
+        "r-embedgate-ps-three": f"{math.ceil(baseline + 3 * mb * 1.3)}Mi",
     }
+    # a host of an empty model still asks for the baseline
+    docs = render("model.rowsPerShard=0", "ps.baselineMB=300")
+    memory = {
+        sts["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"]
+        for sts in by_kind(docs, "StatefulSet").values()
+    }
+    assert memory == {"300Mi"}
 
 
 @pytest.mark.parametrize(

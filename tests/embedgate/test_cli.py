@@ -13,6 +13,7 @@ COMMANDS = {
     "tables",
     "placement",
     "helm-values",
+    "deploy",
     "serve-local",
     "gateway",
     "updater",
