@@ -7,7 +7,9 @@ Per table ``t`` (checkpoint names in brackets; all core TF, restored by the TF1 
   quarter of the capacity, at least :data:`MIN_GROWTH` rows: amortised O(1) per row, at most 25 % slack);
 * ``row_versions/<t>``: int64 ``[capacity, 2]``, the version (timestamp ms, seq) of the row in each slot, parallel to
   the slab; exported rows have (-1, -1);
-* ``index/<t>``: ``MutableHashTable`` int64 id -> int64 slot (scalar values: no heap block per row);
+* ``index/<t>``: ``DenseHashTable`` int64 id -> int64 slot (open addressing: 16 bytes per bucket, 20-40 bytes per
+  id at its 0.8 load factor); ids -2**63 and -2**63 + 1 are its sentinels: they look up to the default row and
+  writes of them are ignored (not ``applied``);
 * ``free/<t>`` + ``free_count/<t>``: a stack of slots freed by deletes (and expiry), reused before new slots;
 * ``used/<t>``: the high-water mark of slots handed out;
 * ``tombstones/<t>``: ``MutableHashTable`` int64 id -> int64[2], the version of each deleted id (only deleted ids pay
@@ -50,6 +52,9 @@ __all__ = ["MIN_GROWTH", "read_slab_rows", "write_slab_shard"]
 
 Rows = tuple[Any, Any]
 MIN_GROWTH = 1024  # fewest slots a growing slab adds
+EMPTY_KEY = int(np.iinfo(np.int64).min)  # the index's sentinels: these two ids never get a row
+DELETED_KEY = EMPTY_KEY + 1
+_MAX_LOAD = 0.8  # DenseHashTable's default max_load_factor
 _LOCK_NAME = "embedgate_ps_lock"
 _MAX_SEQ = int(np.iinfo(np.int64).max)
 
@@ -86,8 +91,18 @@ def write_slab_shard(
         module.row_versions[t] = tf.Variable(
             tf.fill([cap, 2], tf.constant(-1, tf.int64)), shape=tf.TensorShape(None), name=f"ps_versions_{t}"
         )
-        index = tf.lookup.experimental.MutableHashTable(
-            key_dtype=tf.int64, value_dtype=tf.int64, default_value=-1, name=f"ps_index_{t}"
+        if n and int(np.min(ids)) <= DELETED_KEY:
+            raise ValueError(
+                f"table {t!r}: ids {EMPTY_KEY} and {DELETED_KEY} are reserved by the slab layout"
+            )
+        index = tf.lookup.experimental.DenseHashTable(
+            key_dtype=tf.int64,
+            value_dtype=tf.int64,
+            default_value=-1,
+            empty_key=EMPTY_KEY,
+            deleted_key=DELETED_KEY,
+            initial_num_buckets=_buckets(n),
+            name=f"ps_index_{t}",
         )
         if n:
             index.insert(tf.constant(ids, tf.int64), tf.range(n, dtype=tf.int64))
@@ -116,11 +131,21 @@ def write_slab_shard(
     tf.saved_model.save(module, str(path), signatures=_signatures(module, tables))
 
 
+def _buckets(n: int) -> int:
+    """The index's initial bucket count for ``n`` ids: the power of two DenseHashTable would grow to."""
+    b = 8
+    while n >= b * _MAX_LOAD:
+        b *= 2
+    return b
+
+
 def read_slab_rows(reader: Any, spec: TableSpec, where: str) -> Rows:
     """(ids, float32 rows) of ``spec`` from a slab-layout checkpoint ``reader``; ValueError naming ``where``."""
     t = spec.name
     ids = reader.get_tensor(f"index/{t}/.ATTRIBUTES/table-keys").astype(np.int64)
     slots = reader.get_tensor(f"index/{t}/.ATTRIBUTES/table-values").astype(np.int64)
+    real = ids > DELETED_KEY  # the rest are the DenseHashTable's empty and deleted buckets
+    ids, slots = ids[real], slots[real]
     slab = reader.get_tensor(f"slabs/{t}/.ATTRIBUTES/VARIABLE_VALUE")
     if slab.ndim != 2 or slab.shape[1] != spec.dim:
         raise ValueError(f"{where}: table {t!r} has rows of shape {slab.shape[1:]}, expected ({spec.dim},)")
@@ -140,11 +165,19 @@ class _Table:
         self.written = module.written.get(t)
         self.position = module.positions[t]
 
+    def slots(self, ids: Any) -> Any:
+        """int64 [n]: the slot of each id, -1 for an unknown (or reserved) id."""
+        import tensorflow as tf
+
+        reserved = ids <= DELETED_KEY
+        slot = tf.reshape(self.index.lookup(tf.where(reserved, tf.zeros_like(ids), ids)), [-1])
+        return tf.where(reserved, tf.constant(-1, tf.int64), slot)
+
     def gather(self, ids: Any) -> Any:
         """float32 [n, dim]: the rows of ``ids``, the default row for an unknown id."""
         import tensorflow as tf
 
-        slot = tf.reshape(self.index.lookup(ids), [-1])
+        slot = self.slots(ids)
         rows = tf.cast(tf.gather(self.slab, tf.maximum(slot, 0)), tf.float32)
         default = tf.fill([tf.size(ids), self.spec.dim], tf.constant(self.spec.default_value, tf.float32))
         return tf.where(tf.expand_dims(slot >= 0, 1), rows, default)
@@ -153,7 +186,7 @@ class _Table:
         """(slot or -1, int64 [n, 2] stored version: the row's, else the tombstone's, else (-1, -1))."""
         import tensorflow as tf
 
-        slot = tf.reshape(self.index.lookup(ids), [-1])
+        slot = self.slots(ids)
         live = tf.gather(self.versions, tf.maximum(slot, 0))
         tomb = tf.reshape(self.tombstones.lookup(ids), [-1, 2])
         return slot, tf.where(tf.expand_dims(slot >= 0, 1), live, tomb)
@@ -178,7 +211,7 @@ class _Table:
         """Make the slab (and its parallel variables) hold at least ``need`` slots; a tensor to depend on."""
         import tensorflow as tf
 
-        cap = tf.shape(self.slab, out_type=tf.int64)[0]
+        cap = _capacity(self.slab)
         dim, dtype = self.spec.dim, self.slab.dtype
 
         def grow() -> Any:
@@ -201,7 +234,7 @@ class _Table:
 
         count = tf.identity(self.free_count.read_value())
         m = tf.size(slots, out_type=tf.int64)
-        cap = tf.shape(self.free, out_type=tf.int64)[0]
+        cap = _capacity(self.free)
 
         def grow() -> Any:
             extra = tf.maximum(count + m, cap + tf.maximum(cap // 4, MIN_GROWTH)) - cap
@@ -219,6 +252,13 @@ class _Table:
         import tensorflow as tf
 
         return tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=slots, updates=values)
+
+
+def _capacity(var: Any) -> Any:
+    """Rows of ``var`` without reading it (``tf.shape`` of a variable reads it: a full copy in copy-on-read mode)."""
+    import tensorflow as tf
+
+    return tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)[0]
 
 
 def _append(var: Any, tail: Any) -> Any:
@@ -272,7 +312,7 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
         uniq, win = winners(ids, timestamps, seqs)
         ts, seq = tf.gather(timestamps, win), tf.gather(seqs, win)
         slot, stored = tab.stored(uniq)
-        newer = newer_versions(stored, ts, seq)
+        newer = tf.logical_and(newer_versions(stored, ts, seq), uniq > DELETED_KEY)  # reserved ids: ignored
         stamps = tf.stack([tf.boolean_mask(ts, newer), tf.boolean_mask(seq, newer)], axis=1)
         return (
             tf.boolean_mask(uniq, newer),
@@ -351,7 +391,9 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
                 if tab.written is None or tab.spec.ttl_s is None:
                     out[expire_count_output(t)] = tf.constant(0, tf.int64)
                     continue
-                ids, slots = tab.index.export()
+                keys, values = tab.index.export()
+                real = keys > DELETED_KEY  # the rest are empty and deleted buckets
+                ids, slots = tf.boolean_mask(keys, real), tf.boolean_mask(values, real)
                 cutoff = now_ms - int(tab.spec.ttl_s * 1000)
                 old = tf.gather(tab.written, slots) < cutoff
                 gone, gone_slots = tf.boolean_mask(ids, old), tf.boolean_mask(slots, old)
