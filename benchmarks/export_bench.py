@@ -1,6 +1,9 @@
 """Export time and PS resident memory per million rows at dim 64.
 
-    .venv/bin/python -m benchmarks.export_bench [--rows 1000000] [--dim 64] [--shards 2]
+    .venv/bin/python -m benchmarks.export_bench [--rows 1000000] [--dim 64] [--shards 2] [--layouts hash,slab]
+
+Every PS layout named by ``--layouts`` (``hash``, ``slab``, ``slab:float16`` ...) is exported and measured in the
+same run; ratios are against the first.
 
 1. Export: a Keras model with one ``Embedding(rows, dim)`` table (plus a small dense head) through
    :func:`embedgate.export.exporter.export_model` with ``--shards`` PS shards; wall time, and time per million rows.
@@ -24,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -72,43 +76,44 @@ print(json.dumps({"before": before, "after": after, "rewritten": rewritten, "row
 """
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--shards", type=int, default=2)
-    args = ap.parse_args(argv)
-    rows = min(args.rows, 5_000_000)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+def _variants(text: str) -> list[tuple[str, str]]:
+    """``"hash,slab,slab:float16"`` -> [(layout, row dtype)]."""
+    out = []
+    for item in text.split(","):
+        layout, _, dtype = item.strip().partition(":")
+        if layout not in ("hash", "slab") or dtype not in ("", "float32", "float16", "bfloat16"):
+            raise SystemExit(f"--layouts: {item!r} is not hash, slab or slab:<float32|float16|bfloat16>")
+        if layout == "hash" and dtype not in ("", "float32"):
+            raise SystemExit(f"--layouts: {item!r}: the hash layout stores float32 only")
+        out.append((layout, dtype or "float32"))
+    return out
 
-    import keras
+
+def _measure(model: Any, rows: int, dim: int, shards: int, layout: str, dtype: str) -> dict[str, float]:
+    """Export ``model`` in one layout and measure its PS in a fresh subprocess: seconds, artifact bytes and RSS."""
     import numpy as np
 
     from embedgate.export.declaration import Declaration
     from embedgate.export.exporter import export_model
-    from schemas.manifest import upsert_signature
+    from schemas.manifest import PsLayout, upsert_signature
     from schemas.partition import shard_for
 
-    ids = keras.Input((), dtype="int64", name="t_ids_in")
-    vec = keras.layers.Identity(name="t_vec")(keras.layers.Embedding(rows, args.dim, name="t")(ids))
-    model = keras.Model(ids, keras.layers.Dense(1, name="y")(vec))
-    layer = model.get_layer("t")
-    layer.embeddings.assign(np.random.default_rng(0).normal(size=(rows, args.dim)).astype(np.float32))
     decl = Declaration.model_validate(
         {
             "model_name": "bench",
             "sparse": [{"name": "f", "input": "t_ids_in", "table": "t", "pooled": "t_vec"}],
+            "tables": {"t": {"row_dtype": dtype}},
         }
     )
     with tempfile.TemporaryDirectory(prefix="export-bench-") as tmp:
         t0 = time.perf_counter()
-        result = export_model(model, decl, tmp, num_shards=args.shards)
+        result = export_model(model, decl, tmp, num_shards=shards, ps_layout=PsLayout(layout))
         seconds = time.perf_counter() - t0
         size = sum(p.stat().st_size for p in Path(result.model_dir).rglob("*") if p.is_file())
         all_ids = np.arange(rows, dtype=np.int64)
-        owner = shard_for(all_ids, args.shards)
+        owner = shard_for(all_ids, shards)
         shard_args = []
-        for i in range(args.shards):
+        for i in range(shards):
             ids_path = Path(tmp) / f"ids_{i}.npy"
             np.save(ids_path, all_ids[owner == i])
             shard_args.append(f"{result.model_dir / f'ps_{i}' / '1'}={ids_path}")
@@ -122,25 +127,66 @@ def main(argv: list[str] | None = None) -> int:
     child = json.loads(out.stdout.strip().splitlines()[-1])
     assert child["rows"] == rows, child
     per_m = 1_000_000 / rows
-    rss_mb = (child["after"] - child["before"]) / 1e6 * per_m
-    rewritten_mb = (child["rewritten"] - child["before"]) / 1e6 * per_m
+    return {
+        "seconds": seconds,
+        "per_m_s": seconds * per_m,
+        "size": size,
+        "rss_mb": (child["after"] - child["before"]) / 1e6 * per_m,
+        "rewritten_mb": (child["rewritten"] - child["before"]) / 1e6 * per_m,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument(
+        "--layouts",
+        default="hash,slab",
+        help="comma-separated PS layouts measured in this run, each layout[:row dtype] (default hash,slab; e.g. "
+        "hash,slab,slab:float16); ratios are against the first",
+    )
+    args = ap.parse_args(argv)
+    rows = min(args.rows, 5_000_000)
+    variants = _variants(args.layouts)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+    import keras
+    import numpy as np
+
+    ids = keras.Input((), dtype="int64", name="t_ids_in")
+    vec = keras.layers.Identity(name="t_vec")(keras.layers.Embedding(rows, args.dim, name="t")(ids))
+    model = keras.Model(ids, keras.layers.Dense(1, name="y")(vec))
+    layer = model.get_layer("t")
+    layer.embeddings.assign(np.random.default_rng(0).normal(size=(rows, args.dim)).astype(np.float32))
+    results = [(v, _measure(model, rows, args.dim, args.shards, *v)) for v in variants]
     raw_mb = (8 + 4 * args.dim) * 1_000_000 / 1e6
     raw_vec_mb = 4 * args.dim * 1_000_000 / 1e6
-    cmd = f"python -m benchmarks.export_bench --rows {rows} --dim {args.dim} --shards {args.shards}"
+    cmd = (
+        f"python -m benchmarks.export_bench --rows {rows} --dim {args.dim} --shards {args.shards} "
+        f"--layouts {args.layouts}"
+    )
     print(f"command: {cmd}")
     print(f"cpus: {os.cpu_count()}  rows: {rows}  dim: {args.dim}  shards: {args.shards}")
-    print(
-        f"export time: {seconds:.1f} s total, {seconds * per_m:.1f} s per million rows; artifact {size / 1e6:.0f} MB"
-    )
-    print(
-        f"PS resident memory (TF1 loader, all shards): {rss_mb:.0f} MB per million rows; raw numpy "
-        f"{raw_vec_mb:.0f} MB vectors ({raw_mb:.0f} MB with int64 keys); ratio {rss_mb / raw_vec_mb:.2f}x "
-        f"vectors ({rss_mb / raw_mb:.2f}x with keys)"
-    )
-    print(
-        f"PS resident memory after every row is upserted once more (row versions held too): {rewritten_mb:.0f} MB "
-        f"per million rows; ratio {rewritten_mb / raw_vec_mb:.2f}x vectors"
-    )
+    print(f"raw numpy: {raw_vec_mb:.0f} MB float32 vectors per million rows ({raw_mb:.0f} MB with int64 keys)")
+    base = results[0][1]
+    for (layout, dtype), r in results:
+        name = layout if dtype == "float32" else f"{layout}:{dtype}"
+        print(
+            f"[{name}] export time: {r['seconds']:.1f} s total, {r['per_m_s']:.1f} s per million rows "
+            f"({r['per_m_s'] / base['per_m_s']:.2f}x {results[0][0][0]}); artifact {r['size'] / 1e6:.0f} MB"
+        )
+        print(
+            f"[{name}] PS resident memory after load (TF1 loader, all shards): {r['rss_mb']:.0f} MB per million "
+            f"rows = {r['rss_mb'] / raw_vec_mb:.2f}x raw float32 vectors ({r['rss_mb'] / raw_mb:.2f}x with keys); "
+            f"{r['rss_mb'] / base['rss_mb']:.2f}x {results[0][0][0]}"
+        )
+        print(
+            f"[{name}] after every row is upserted once more (row versions held too): {r['rewritten_mb']:.0f} MB "
+            f"per million rows = {r['rewritten_mb'] / raw_vec_mb:.2f}x raw float32 vectors; "
+            f"{r['rewritten_mb'] / base['rewritten_mb']:.2f}x {results[0][0][0]}"
+        )
     return 0
 
 

@@ -56,6 +56,7 @@ from schemas.partition import PARTITION_FUNCTION
 
 __all__ = [
     "EXAMPLE_REQUEST_FILE",
+    "EXPIRE_SIGNATURE",
     "LOOKUP_SIGNATURE",
     "MANIFEST_FILE",
     "ROW_COUNT_SIGNATURE",
@@ -64,6 +65,8 @@ __all__ = [
     "DenseFeatureSpec",
     "EntrySpec",
     "FeatureKind",
+    "PsLayout",
+    "RowDtype",
     "Manifest",
     "ManifestError",
     "OutputSpec",
@@ -72,6 +75,7 @@ __all__ = [
     "TableSpec",
     "delete_signature",
     "entry_model_name",
+    "expire_count_output",
     "lookup_ids_input",
     "lookup_values_output",
     "ps_dir_name",
@@ -90,6 +94,7 @@ FORMAT_VERSION: Final = 1
 LOOKUP_SIGNATURE = "lookup"
 ROW_COUNT_SIGNATURE = "row_count"
 STREAM_POSITION_SIGNATURE = "stream_position"
+EXPIRE_SIGNATURE = "expire"  # slab-layout shards with a table that has ttl_s: now_ms int64 [] -> <t>_expired
 
 _NAME = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
 Name = Annotated[
@@ -125,6 +130,10 @@ def stream_offsets_output(table: str) -> str:
     return f"{table}_stream_offsets"
 
 
+def expire_count_output(table: str) -> str:
+    return f"{table}_expired"
+
+
 def stream_partition_key(topic: str, partition: int) -> str:
     """``"<topic>:<partition>"``: how a PS table names a Kafka partition in its stream position."""
     return f"{topic}:{partition}"
@@ -157,6 +166,16 @@ class FeatureKind(StrEnum):
     MULTI = "multi"  # zero or more ids per example
 
 
+class PsLayout(StrEnum):
+    """How a PS shard holds its rows (:mod:`embedgate.export.ps`); the signatures are the same for both."""
+
+    SLAB = "slab"  # rows in one dense variable per table + an id -> slot index (the default of new exports)
+    HASH = "hash"  # one MutableHashTable entry per row (exports before the slab layout; deprecated)
+
+
+RowDtype = Literal["float32", "float16", "bfloat16"]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -169,6 +188,15 @@ class TableSpec(_Strict):
         False, description="whether rows may contain NaN/Inf (the updater rejects them if not)"
     )
     rows: int = Field(0, ge=0, description="rows exported with the model (informational)")
+    row_dtype: RowDtype = Field(
+        "float32", description="how the PS stores the rows (slab layout); lookups and upserts are float32"
+    )
+    ttl_s: float | None = Field(
+        None,
+        gt=0,
+        description="rows whose newest write is older than this many seconds are removed by the PS's expire "
+        "signature (slab layout); None = rows never expire",
+    )
 
 
 class SparseFeatureSpec(_Strict):
@@ -212,6 +240,10 @@ class Manifest(_Strict):
     dense_features: list[DenseFeatureSpec] = Field(default_factory=list)
     partition: PartitionSpec
     entry: EntrySpec
+    ps_layout: PsLayout = Field(
+        PsLayout.HASH,
+        description="how the PS shards hold their rows; a manifest without the field is of the hash layout",
+    )
     stream_cut: dict[str, Annotated[int, Field(ge=0)]] = Field(
         default_factory=dict,
         description='the Kafka stream cut the PS tables of this version contain: "<topic>:<partition>" -> next '
@@ -238,6 +270,10 @@ class Manifest(_Strict):
         names += [f.weights for f in self.sparse_features if f.weights]
         if dup := _first_duplicate(names):
             raise ValueError(f"input name {dup!r} is used by more than one feature")
+        if self.ps_layout is PsLayout.HASH:
+            for t in self.tables:
+                if t.row_dtype != "float32" or t.ttl_s is not None:
+                    raise ValueError(f"table {t.name!r}: row_dtype and ttl_s need ps_layout 'slab'")
         for f in self.sparse_features:
             if f.table not in tables:
                 raise ValueError(f"sparse feature {f.name!r} reads table {f.table!r}, which is not declared")

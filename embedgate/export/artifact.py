@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -93,7 +94,9 @@ def import_tables(
         shards = {name: shard_for(r[0], n) for name, r in rows.items()}
         for i in range(n):
             part = {name: (r[0][shards[name] == i], r[1][shards[name] == i]) for name, r in rows.items()}
-            write_ps_shard(tmp / ps_dir_name(i), specs, part)
+            write_ps_shard(
+                tmp / ps_dir_name(i), specs, part, layout=manifest.ps_layout, written_ms=int(time.time() * 1000)
+            )
 
     # The raw-value mapping of lookup features is the entry's, which is copied unchanged: keep it.
     lookups = md / LOOKUPS_FILE

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from schemas.manifest import PsLayout
+
 __all__ = ["register"]
 
 
@@ -36,6 +38,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--shards", type=int, default=2, help="number of PS shards (default 2)")
     p.add_argument("--version", type=int, default=None, help="version number (default: next)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing version")
+    p.add_argument(
+        "--ps-layout",
+        choices=["slab", "hash"],
+        default="slab",
+        help="how PS shards hold rows: slab (default; dense rows + id -> slot index) or hash (the layout of earlier "
+        "releases, one hash-table entry per row; deprecated, kept for one release)",
+    )
     p.add_argument(
         "--no-self-check",
         dest="self_check",
@@ -257,6 +266,7 @@ def _export(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
                 self_check=args.self_check,
                 stream_cut=cut,
+                ps_layout=PsLayout(args.ps_layout),
             )
         else:
             if args.tables is not None:
@@ -271,6 +281,7 @@ def _export(args: argparse.Namespace) -> int:
                 tables=_pairs(args.table),
                 self_check=args.self_check,
                 stream_cut=cut,
+                ps_layout=PsLayout(args.ps_layout),
             )
     except ValueError as exc:
         return _fail(exc)

@@ -21,6 +21,7 @@ Written as YAML (``embedgate export --declaration FILE``) or built in Python; va
       - {name: price, dim: 1}
     tables:                      # optional per-table settings
       genre_emb: {default_value: 0.0, allow_nan: false}
+      user_emb: {row_dtype: float16, ttl_s: 2592000}   # PS stores rows as float16; rows unwritten for 30 days expire
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from schemas.manifest import Combiner, FeatureKind, Name
+from schemas.manifest import Combiner, FeatureKind, Name, RowDtype
 
 __all__ = ["Declaration", "DeclarationError", "DenseDecl", "SparseDecl", "TableDecl", "load_declaration"]
 
@@ -79,6 +80,12 @@ class DenseDecl(_Strict):
 class TableDecl(_Strict):
     default_value: float = 0.0
     allow_nan: bool = False
+    row_dtype: RowDtype = Field(
+        "float32", description="how the PS stores rows (slab layout): float32, float16 or bfloat16"
+    )
+    ttl_s: float | None = Field(
+        None, gt=0, description="seconds after its newest write a row expires (slab layout); None = never"
+    )
 
 
 class Declaration(_Strict):

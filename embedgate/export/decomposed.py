@@ -29,7 +29,7 @@ from embedgate.export.exporter import (
 from embedgate.export.modelcheck import DenseReference
 from embedgate.export.ps import Rows
 from embedgate.export.tables import check_rows, find_table, load_table
-from schemas.manifest import DenseFeatureSpec, FeatureKind, SparseFeatureSpec, TableSpec
+from schemas.manifest import DenseFeatureSpec, FeatureKind, PsLayout, SparseFeatureSpec, TableSpec
 
 __all__ = ["export_decomposed"]
 
@@ -47,12 +47,13 @@ def export_decomposed(
     overwrite: bool = False,
     self_check: bool = True,
     stream_cut: Mapping[str, int] | None = None,
+    ps_layout: PsLayout = PsLayout.SLAB,
 ) -> ExportResult:
     """Export ``dense_model`` (keras.Model or ``.keras`` file) + ``tables`` as ``<out_dir>/<model_name>/``.
 
     ``tables``: a directory holding ``<table>/`` (HPS), ``<table>.npy`` or ``<table>.npz`` for every declared table,
     or a mapping table -> ``(ids, vectors)`` or path. Versioning, atomicity and the self-check as in
-    :func:`embedgate.export.exporter.export_model`, and so is ``stream_cut``.
+    :func:`embedgate.export.exporter.export_model`, and so are ``stream_cut`` and ``ps_layout``.
     """
     if isinstance(declaration, Mapping):
         decl = Declaration.model_validate(declaration)
@@ -72,6 +73,8 @@ def export_decomposed(
             default_value=t.default_value if t else 0.0,
             allow_nan=t.allow_nan if t else False,
             rows=len(vecs),
+            row_dtype=t.row_dtype if t else "float32",
+            ttl_s=t.ttl_s if t else None,
         )
     inputs = {t.name: t for t in getattr(model, "inputs", None) or []}
     if not inputs:
@@ -122,7 +125,7 @@ def export_decomposed(
     plan = _Plan(
         list(specs.values()), rows, sparse, dense, entry, _outputs(model), reference, sample_ids, lengths
     )
-    return _export_plan(plan, decl, out_dir, num_shards, version, overwrite, self_check, cut)
+    return _export_plan(plan, decl, out_dir, num_shards, version, overwrite, self_check, cut, ps_layout)
 
 
 def _load(model: Any) -> Any:

@@ -20,6 +20,7 @@ import json
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ from schemas.manifest import (
     Manifest,
     OutputSpec,
     PartitionSpec,
+    PsLayout,
     SparseFeatureSpec,
     TableSpec,
     ps_dir_name,
@@ -107,6 +109,7 @@ def export_model(
     tables: Mapping[str, Rows | str | Path] | None = None,
     self_check: bool = True,
     stream_cut: Mapping[str, int] | None = None,
+    ps_layout: PsLayout = PsLayout.SLAB,
 ) -> ExportResult:
     """Export ``model`` (a keras.Model or a ``.keras`` file) as ``<out_dir>/<model_name>/``.
 
@@ -118,6 +121,8 @@ def export_model(
     ``stream_cut`` (``"<topic>:<partition>"`` -> next offset, :mod:`embedgate.export.streamcut`): the Kafka position
     the model's tables contain; every PS table starts there and ``manifest.json`` records it (None: no cut, replicas
     start without a position and an updater replays their partitions from the beginning).
+    ``ps_layout``: how the PS shards hold rows (:mod:`embedgate.export.ps`); ``hash`` is the layout of earlier
+    releases, kept for one release, and takes no ``row_dtype`` / ``ttl_s``.
     """
     decl = declaration if isinstance(declaration, Declaration) else load_declaration(declaration)
     if num_shards < 1:
@@ -126,7 +131,7 @@ def export_model(
     keras_model = _load_model(model)
     plan = _plan(keras_model, decl, tables or {})
     del keras_model
-    return _export_plan(plan, decl, out_dir, num_shards, version, overwrite, self_check, cut)
+    return _export_plan(plan, decl, out_dir, num_shards, version, overwrite, self_check, cut, ps_layout)
 
 
 def _export_plan(
@@ -138,8 +143,16 @@ def _export_plan(
     overwrite: bool,
     self_check: bool,
     stream_cut: Mapping[str, int] | None = None,
+    ps_layout: PsLayout = PsLayout.SLAB,
 ) -> ExportResult:
     model_dir = Path(out_dir) / decl.model_name
+    layout = PsLayout(ps_layout)
+    if layout is PsLayout.HASH:
+        for t in plan.tables:
+            if t.row_dtype != "float32" or t.ttl_s is not None:
+                raise ExportError(
+                    f"table {t.name!r}: row_dtype / ttl_s need the slab PS layout (not --ps-layout hash)"
+                )
     ver = next_version(model_dir) if version is None else version
     if ver < 1:
         raise ExportError(f"version must be >= 1, got {ver}")
@@ -151,9 +164,11 @@ def _export_plan(
         dense_features=plan.dense,
         partition=PartitionSpec(num_shards=num_shards),
         entry=EntrySpec(outputs=plan.outputs),
+        ps_layout=layout,
         stream_cut=dict(stream_cut or {}),
         tensorflow_version=_tensorflow_version(),
     )
+    written_ms = int(time.time() * 1000)  # exported rows count as written now (ttl_s)
 
     def build(tmp: Path) -> None:
         _save_entry(plan.entry, plan.sparse, plan.dense, plan.tables, plan.outputs, tmp / ENTRY_DIR)
@@ -164,7 +179,14 @@ def _export_plan(
                 ids, vals = plan.rows[t.name]
                 sel = shards[t.name] == i
                 part[t.name] = (ids[sel], vals[sel])
-            write_ps_shard(tmp / ps_dir_name(i), plan.tables, part, stream_cut=stream_cut)
+            write_ps_shard(
+                tmp / ps_dir_name(i),
+                plan.tables,
+                part,
+                stream_cut=stream_cut,
+                layout=layout,
+                written_ms=written_ms,
+            )
         if self_check and plan.reference is not None:
             from embedgate.export.selfcheck import check_staged, sample_instances
 
@@ -443,6 +465,8 @@ def _plan(model: Any, decl: Declaration, table_rows: Mapping[str, Rows | str | P
                 dim=dim,
                 default_value=tdecl.default_value if tdecl else 0.0,
                 allow_nan=tdecl.allow_nan if tdecl else False,
+                row_dtype=tdecl.row_dtype if tdecl else "float32",
+                ttl_s=tdecl.ttl_s if tdecl else None,
             )
             table_weights[f.table] = emb
         pooled_layer = layer(what, f.pooled)

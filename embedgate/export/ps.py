@@ -1,11 +1,15 @@
-"""PS SavedModels: one shard's rows of every table in core-TF ``MutableHashTable``s, with the manifest signatures.
+"""PS SavedModels: one shard's rows of every table in core-TF variables and hash tables, with the manifest signatures.
+
+Two layouts (``Manifest.ps_layout``) answer the same signatures the same way: **slab** (the default; rows in one dense
+variable per table and an id -> slot index, :mod:`embedgate.export.slab`) and **hash** (below; one
+``MutableHashTable`` entry per row, kept for one release behind ``--ps-layout hash``).
 
 Signatures (names from :mod:`schemas.manifest`): ``lookup``, ``upsert_<t>``, ``delete_<t>``, ``row_count``,
 ``stream_position``. The table rows are saved in the SavedModel's checkpoint (``variables/``) and restored when the
 model is loaded, whether by ``tf.saved_model.load`` or by ``tensorflow_model_server``'s TF1 loader; the write
 signatures mutate the loaded tables in place, so successive Predict calls see earlier writes. Only core TF ops.
 
-Per table three hash tables: ``tables/<t>`` (id -> float32[dim] row), ``versions/<t>`` (id -> int64[2] =
+Hash layout, per table three hash tables: ``tables/<t>`` (id -> float32[dim] row), ``versions/<t>`` (id -> int64[2] =
 (producer timestamp ms, sequence) of the write that set the row, or of the delete that removed it: a tombstone; an
 id without one, e.g. an exported row, has version (-1, -1)) and ``positions/<t>`` (``"<topic>:<partition>"`` -> next
 Kafka offset whose rows this table has not applied; the export's stream cut, then moved forward by writes: only
@@ -27,6 +31,7 @@ from schemas.manifest import (
     LOOKUP_SIGNATURE,
     ROW_COUNT_SIGNATURE,
     STREAM_POSITION_SIGNATURE,
+    PsLayout,
     TableSpec,
     delete_signature,
     lookup_ids_input,
@@ -52,11 +57,22 @@ def write_ps_shard(
     rows: Mapping[str, Rows],
     *,
     stream_cut: Mapping[str, int] | None = None,
+    layout: PsLayout = PsLayout.SLAB,
+    written_ms: int = 0,
 ) -> None:
     """Save one PS shard at ``path`` (must not exist): ``rows[t.name]`` = (ids int64 [n], values float32 [n, dim]).
 
     ``stream_cut`` (``"<topic>:<partition>"`` -> next offset) is the Kafka position the rows contain: every table
-    starts with it as its position, so an updater resumes a freshly loaded replica from there."""
+    starts with it as its position, so an updater resumes a freshly loaded replica from there. ``layout``: slab or
+    hash (the latter takes no ``row_dtype``/``ttl_s``). ``written_ms``: when exported rows count as written (ttl)."""
+    if PsLayout(layout) is PsLayout.SLAB:
+        from embedgate.export.slab import write_slab_shard
+
+        write_slab_shard(path, tables, rows, stream_cut=stream_cut, written_ms=written_ms)
+        return
+    for spec in tables:
+        if spec.row_dtype != "float32" or spec.ttl_s is not None:
+            raise ArtifactError(f"table {spec.name!r}: row_dtype and ttl_s need the slab layout")
     import tensorflow as tf
 
     module = tf.Module()
@@ -94,7 +110,7 @@ def write_ps_shard(
 _NO_VERSION = [-1, -1]
 
 
-def _winners(ids: Any, timestamps: Any, seqs: Any) -> tuple[Any, Any]:
+def winners(ids: Any, timestamps: Any, seqs: Any) -> tuple[Any, Any]:
     """(unique ids, index of each one's winning occurrence): highest (timestamp, seq), ties to the last."""
     import tensorflow as tf
 
@@ -110,11 +126,10 @@ def _winners(ids: Any, timestamps: Any, seqs: Any) -> tuple[Any, Any]:
     return uniq, last
 
 
-def _newer(versions: Any, uniq: Any, ts: Any, seq: Any) -> Any:
-    """bool [u]: whether (ts, seq) of each id is >= its stored version."""
+def newer_versions(stored: Any, ts: Any, seq: Any) -> Any:
+    """bool [u]: whether (ts, seq) of each id is >= its stored version (``stored`` int64 [u, 2])."""
     import tensorflow as tf
 
-    stored = tf.reshape(versions.lookup(uniq), [-1, 2])
     newer = tf.logical_or(
         tf.greater(ts, stored[:, 0]),
         tf.logical_and(tf.equal(ts, stored[:, 0]), tf.greater_equal(seq, stored[:, 1])),
@@ -127,14 +142,14 @@ def _applicable(versions: Any, ids: Any, timestamps: Any, seqs: Any) -> tuple[An
     id (its newest write in the call), only where that write is >= the version stored for the id."""
     import tensorflow as tf
 
-    uniq, win = _winners(ids, timestamps, seqs)
+    uniq, win = winners(ids, timestamps, seqs)
     ts, seq = tf.gather(timestamps, win), tf.gather(seqs, win)
-    newer = _newer(versions, uniq, ts, seq)
+    newer = newer_versions(tf.reshape(versions.lookup(uniq), [-1, 2]), ts, seq)
     stamps = tf.stack([tf.boolean_mask(ts, newer), tf.boolean_mask(seq, newer)], axis=1)
     return tf.boolean_mask(uniq, newer), tf.boolean_mask(win, newer), stamps
 
 
-def _advance(positions: Any, keys: Any, offsets: Any, expected: Any) -> Any:
+def advance_positions(positions: Any, keys: Any, offsets: Any, expected: Any) -> Any:
     """Move each ``"<topic>:<partition>"`` position forward to ``offsets`` (never back), but only where the stored
     position is >= ``expected`` (the writer covered everything from there: no gap is skipped). Returns the stored
     positions before the write, one per input key (-1 = none)."""
@@ -203,7 +218,7 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
             keep, rows, stamps = _applicable(version, ids, timestamps_ms, seqs)
             table.insert(keep, tf.gather(values, rows))
             version.insert(keep, stamps)
-            previous = _advance(position, stream_partitions, stream_offsets, stream_expected)
+            previous = advance_positions(position, stream_partitions, stream_offsets, stream_expected)
             return {
                 "rows": table.size(),
                 "applied": tf.size(keep, out_type=tf.int64),
@@ -224,7 +239,7 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
             gone, _, stamps = _applicable(version, ids, timestamps_ms, seqs)
             table.remove(gone)
             version.insert(gone, stamps)
-            previous = _advance(position, stream_partitions, stream_offsets, stream_expected)
+            previous = advance_positions(position, stream_partitions, stream_offsets, stream_expected)
             return {
                 "rows": table.size(),
                 "applied": tf.size(gone, out_type=tf.int64),
@@ -275,6 +290,14 @@ def read_ps_tables(shard_dirs: Sequence[str | Path], specs: Sequence[TableSpec])
             raise ArtifactError(f"{p}: cannot read the checkpoint: {exc}") from exc
         have = reader.get_variable_to_shape_map()
         for s in specs:
+            if f"slabs/{s.name}/.ATTRIBUTES/VARIABLE_VALUE" in have:
+                from embedgate.export.slab import read_slab_rows
+
+                try:
+                    parts[s.name].append(read_slab_rows(reader, s, str(p)))
+                except ValueError as exc:
+                    raise ArtifactError(str(exc)) from exc
+                continue
             kk = f"tables/{s.name}/.ATTRIBUTES/table-keys"
             vk = f"tables/{s.name}/.ATTRIBUTES/table-values"
             if kk not in have or vk not in have:

@@ -9,21 +9,27 @@ import numpy as np
 import pytest
 
 from embedgate.export.ps import ArtifactError, check_saved_model_dir, read_ps_tables, write_ps_shard
-from schemas.manifest import TableSpec
+from schemas.manifest import PsLayout, TableSpec
 from schemas.partition import shard_for
 from tests.export.tf1 import Tf1Model
 
 SPECS = [TableSpec(name="a", dim=3, default_value=-1.0), TableSpec(name="b", dim=2)]
 
 
+@pytest.fixture(scope="module", params=list(PsLayout))
+def layout(request: pytest.FixtureRequest) -> PsLayout:
+    """Both layouts answer every signature the same way (the hash layout stays for one release)."""
+    return PsLayout(request.param)
+
+
 @pytest.fixture(scope="module")
-def shard_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("ps") / "1"
+def shard_dir(tmp_path_factory: pytest.TempPathFactory, layout: PsLayout) -> Path:
+    d = tmp_path_factory.mktemp(f"ps-{layout}") / "1"
     rows = {
         "a": (np.array([1, 2, 3], np.int64), np.arange(9, dtype=np.float32).reshape(3, 3)),
         "b": (np.array([7], np.int64), np.array([[0.5, 0.25]], np.float32)),
     }
-    write_ps_shard(d, SPECS, rows)
+    write_ps_shard(d, SPECS, rows, layout=layout)
     return d
 
 
@@ -224,8 +230,8 @@ def test_newest_version_wins_per_row_and_tombstones_keep_theirs(shard_dir: Path)
         m.close()
 
 
-def test_writes_record_the_stream_position(tmp_path: Path) -> None:
-    write_ps_shard(tmp_path / "1", SPECS, {}, stream_cut={"t:0": 40, "t:1": 7})
+def test_writes_record_the_stream_position(tmp_path: Path, layout: PsLayout) -> None:
+    write_ps_shard(tmp_path / "1", SPECS, {}, stream_cut={"t:0": 40, "t:1": 7}, layout=layout)
     m = Tf1Model(tmp_path / "1")
     try:
 

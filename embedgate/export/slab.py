@@ -1,0 +1,458 @@
+"""The slab layout of a PS shard: every table's rows in one dense variable, a compact id -> slot index beside it.
+
+Per table ``t`` (checkpoint names in brackets; all core TF, restored by the TF1 loader like any variable):
+
+* ``slabs/<t>``: a resource variable ``[capacity, dim]`` of the table's ``row_dtype`` (float32, float16 or bfloat16)
+  created with an unknown shape, so a write that needs more slots re-assigns it to a larger tensor (growth by a
+  quarter of the capacity, at least :data:`MIN_GROWTH` rows: amortised O(1) per row, at most 25 % slack);
+* ``row_versions/<t>``: int64 ``[capacity, 2]``, the version (timestamp ms, seq) of the row in each slot, parallel to
+  the slab; exported rows have (-1, -1);
+* ``index/<t>``: ``DenseHashTable`` int64 id -> int64 slot (open addressing: 16 bytes per bucket, 20-40 bytes per
+  id at its 0.8 load factor); ids -2**63 and -2**63 + 1 are its sentinels: they look up to the default row and
+  writes of them are ignored (not ``applied``);
+* ``free/<t>`` + ``free_count/<t>``: a stack of slots freed by deletes (and expiry), reused before new slots;
+* ``used/<t>``: the high-water mark of slots handed out;
+* ``tombstones/<t>``: ``MutableHashTable`` int64 id -> int64[2], the version of each deleted id (only deleted ids pay
+  for it), so an older write arriving later cannot resurrect the row;
+* ``written/<t>`` (tables with ``ttl_s`` only): int64 ``[capacity]``, the timestamp (ms) of the write that set each
+  slot's row (exported rows: the export time), read by the ``expire`` signature.
+
+Every signature that reads or writes slots runs under one mutex per shard (``MutexV2``/``MutexLock``, core ops): a
+write is a read-modify-write over several variables, and a lookup must not read a slot while a delete frees it and an
+upsert reuses it. ``row_count`` and ``stream_position`` read one hash table each, which locks itself.
+Semantics and signatures are those of :mod:`embedgate.export.ps` (the module docstring there and
+:mod:`schemas.manifest`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from schemas.manifest import (
+    EXPIRE_SIGNATURE,
+    LOOKUP_SIGNATURE,
+    ROW_COUNT_SIGNATURE,
+    STREAM_POSITION_SIGNATURE,
+    TableSpec,
+    delete_signature,
+    expire_count_output,
+    lookup_ids_input,
+    lookup_values_output,
+    row_count_output,
+    stream_offsets_output,
+    stream_partitions_output,
+    upsert_signature,
+)
+
+__all__ = ["MIN_GROWTH", "read_slab_rows", "write_slab_shard"]
+
+Rows = tuple[Any, Any]
+MIN_GROWTH = 1024  # fewest slots a growing slab adds
+EMPTY_KEY = int(np.iinfo(np.int64).min)  # the index's sentinels: these two ids never get a row
+DELETED_KEY = EMPTY_KEY + 1
+_MAX_LOAD = 0.8  # DenseHashTable's default max_load_factor
+_LOCK_NAME = "embedgate_ps_lock"
+_MAX_SEQ = int(np.iinfo(np.int64).max)
+
+
+def write_slab_shard(
+    path: str | Path,
+    tables: Sequence[TableSpec],
+    rows: Mapping[str, Rows],
+    *,
+    stream_cut: Mapping[str, int] | None = None,
+    written_ms: int = 0,
+) -> None:
+    """Save one PS shard in the slab layout at ``path``; arguments as :func:`embedgate.export.ps.write_ps_shard`.
+
+    ``written_ms``: the time exported rows count as written (tables with ``ttl_s``)."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.index, module.slabs, module.row_versions, module.tombstones = {}, {}, {}, {}
+    module.free, module.free_count, module.used, module.written, module.positions = {}, {}, {}, {}, {}
+    cut = dict(stream_cut or {})
+    for spec in tables:
+        ids, values = rows.get(spec.name, (np.zeros(0, np.int64), np.zeros((0, spec.dim), np.float32)))
+        n = len(ids)
+        cap = max(n, 1)  # never empty: a gather needs a row to read (masked out for unknown ids)
+        dtype = tf.as_dtype(spec.row_dtype)
+        slab = np.zeros((cap, spec.dim), np.float32)
+        slab[:n] = values
+        t = spec.name
+        module.slabs[t] = tf.Variable(
+            tf.cast(tf.constant(slab), dtype), shape=tf.TensorShape(None), name=f"ps_slab_{t}"
+        )
+        del slab
+        module.row_versions[t] = tf.Variable(
+            tf.fill([cap, 2], tf.constant(-1, tf.int64)), shape=tf.TensorShape(None), name=f"ps_versions_{t}"
+        )
+        if n and int(np.min(ids)) <= DELETED_KEY:
+            raise ValueError(
+                f"table {t!r}: ids {EMPTY_KEY} and {DELETED_KEY} are reserved by the slab layout"
+            )
+        index = tf.lookup.experimental.DenseHashTable(
+            key_dtype=tf.int64,
+            value_dtype=tf.int64,
+            default_value=-1,
+            empty_key=EMPTY_KEY,
+            deleted_key=DELETED_KEY,
+            initial_num_buckets=_buckets(n),
+            name=f"ps_index_{t}",
+        )
+        if n:
+            index.insert(tf.constant(ids, tf.int64), tf.range(n, dtype=tf.int64))
+        module.index[t] = index
+        module.tombstones[t] = tf.lookup.experimental.MutableHashTable(
+            key_dtype=tf.int64,
+            value_dtype=tf.int64,
+            default_value=tf.constant([-1, -1], tf.int64),
+            name=f"ps_tombstones_{t}",
+        )
+        module.free[t] = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape(None), name=f"ps_free_{t}")
+        module.free_count[t] = tf.Variable(tf.constant(0, tf.int64), name=f"ps_free_count_{t}")
+        module.used[t] = tf.Variable(tf.constant(n, tf.int64), name=f"ps_used_{t}")
+        if spec.ttl_s is not None:
+            module.written[t] = tf.Variable(
+                tf.fill([cap], tf.constant(written_ms, tf.int64)),
+                shape=tf.TensorShape(None),
+                name=f"ps_written_{t}",
+            )
+        positions = tf.lookup.experimental.MutableHashTable(
+            key_dtype=tf.string, value_dtype=tf.int64, default_value=-1, name=f"ps_positions_{t}"
+        )
+        if cut:
+            positions.insert(tf.constant(list(cut), tf.string), tf.constant(list(cut.values()), tf.int64))
+        module.positions[t] = positions
+    tf.saved_model.save(module, str(path), signatures=_signatures(module, tables))
+
+
+def _buckets(n: int) -> int:
+    """The index's initial bucket count for ``n`` ids: the power of two DenseHashTable would grow to."""
+    b = 8
+    while n >= b * _MAX_LOAD:
+        b *= 2
+    return b
+
+
+def read_slab_rows(reader: Any, spec: TableSpec, where: str) -> Rows:
+    """(ids, float32 rows) of ``spec`` from a slab-layout checkpoint ``reader``; ValueError naming ``where``."""
+    t = spec.name
+    ids = reader.get_tensor(f"index/{t}/.ATTRIBUTES/table-keys").astype(np.int64)
+    slots = reader.get_tensor(f"index/{t}/.ATTRIBUTES/table-values").astype(np.int64)
+    real = ids > DELETED_KEY  # the rest are the DenseHashTable's empty and deleted buckets
+    ids, slots = ids[real], slots[real]
+    slab = reader.get_tensor(f"slabs/{t}/.ATTRIBUTES/VARIABLE_VALUE")
+    if slab.ndim != 2 or slab.shape[1] != spec.dim:
+        raise ValueError(f"{where}: table {t!r} has rows of shape {slab.shape[1:]}, expected ({spec.dim},)")
+    return ids, np.asarray(slab[slots], dtype=np.float32)
+
+
+# -- graph pieces (run inside tf.function, under the shard's lock) --------------------------------------------------
+class _Table:
+    """The variables and hash tables of one table, and the graph operations on them (call inside tf.function)."""
+
+    def __init__(self, module: Any, spec: TableSpec) -> None:
+        t = spec.name
+        self.spec = spec
+        self.slab, self.versions = module.slabs[t], module.row_versions[t]
+        self.index, self.tombstones = module.index[t], module.tombstones[t]
+        self.free, self.free_count, self.used = module.free[t], module.free_count[t], module.used[t]
+        self.written = module.written.get(t)
+        self.position = module.positions[t]
+
+    def slots(self, ids: Any) -> Any:
+        """int64 [n]: the slot of each id, -1 for an unknown (or reserved) id."""
+        import tensorflow as tf
+
+        reserved = ids <= DELETED_KEY
+        slot = tf.reshape(self.index.lookup(tf.where(reserved, tf.zeros_like(ids), ids)), [-1])
+        return tf.where(reserved, tf.constant(-1, tf.int64), slot)
+
+    def gather(self, ids: Any) -> Any:
+        """float32 [n, dim]: the rows of ``ids``, the default row for an unknown id."""
+        import tensorflow as tf
+
+        slot = self.slots(ids)
+        rows = tf.cast(tf.gather(self.slab, tf.maximum(slot, 0)), tf.float32)
+        default = tf.fill([tf.size(ids), self.spec.dim], tf.constant(self.spec.default_value, tf.float32))
+        return tf.where(tf.expand_dims(slot >= 0, 1), rows, default)
+
+    def stored(self, ids: Any) -> tuple[Any, Any]:
+        """(slot or -1, int64 [n, 2] stored version: the row's, else the tombstone's, else (-1, -1))."""
+        import tensorflow as tf
+
+        slot = self.slots(ids)
+        live = tf.gather(self.versions, tf.maximum(slot, 0))
+        tomb = tf.reshape(self.tombstones.lookup(ids), [-1, 2])
+        return slot, tf.where(tf.expand_dims(slot >= 0, 1), live, tomb)
+
+    def allocate(self, n: Any) -> tuple[Any, list[Any]]:
+        """``n`` free slots (popped from the free stack first, then fresh ones, growing the slab): (slots, ops)."""
+        import tensorflow as tf
+
+        count = tf.identity(self.free_count.read_value())
+        k = tf.minimum(n, count)
+        popped = tf.gather(self.free, tf.range(count - k, count))
+        ops = [tf.raw_ops.AssignVariableOp(resource=self.free_count.handle, value=count - k)]
+        used = tf.identity(self.used.read_value())
+        need = used + (n - k)
+        grown = self._grow(need)
+        ops.append(tf.raw_ops.AssignVariableOp(resource=self.used.handle, value=need))
+        with tf.control_dependencies([grown]):
+            slots = tf.concat([popped, tf.range(used, need)], 0)
+        return slots, ops
+
+    def _grow(self, need: Any) -> Any:
+        """Make the slab (and its parallel variables) hold at least ``need`` slots; a tensor to depend on."""
+        import tensorflow as tf
+
+        cap = _capacity(self.slab)
+        dim, dtype = self.spec.dim, self.slab.dtype
+
+        def grow() -> Any:
+            new = tf.maximum(need, cap + tf.maximum(cap // 4, MIN_GROWTH))
+            extra = new - cap
+            ops = [
+                _append(self.slab, tf.zeros(tf.stack([extra, dim]), dtype)),
+                _append(self.versions, tf.fill(tf.stack([extra, 2]), tf.constant(-1, tf.int64))),
+            ]
+            if self.written is not None:
+                ops.append(_append(self.written, tf.zeros(tf.reshape(extra, [1]), tf.int64)))
+            with tf.control_dependencies(ops):
+                return tf.constant(True)
+
+        return tf.cond(need > cap, grow, lambda: tf.constant(False))
+
+    def release(self, slots: Any) -> list[Any]:
+        """Push ``slots`` onto the free stack (grown like the slab when full)."""
+        import tensorflow as tf
+
+        count = tf.identity(self.free_count.read_value())
+        m = tf.size(slots, out_type=tf.int64)
+        cap = _capacity(self.free)
+
+        def grow() -> Any:
+            extra = tf.maximum(count + m, cap + tf.maximum(cap // 4, MIN_GROWTH)) - cap
+            with tf.control_dependencies([_append(self.free, tf.zeros(tf.reshape(extra, [1]), tf.int64))]):
+                return tf.constant(True)
+
+        grown = tf.cond(count + m > cap, grow, lambda: tf.constant(False))
+        with tf.control_dependencies([grown]):
+            put = tf.raw_ops.ResourceScatterUpdate(
+                resource=self.free.handle, indices=tf.range(count, count + m), updates=slots
+            )
+        return [put, tf.raw_ops.AssignVariableOp(resource=self.free_count.handle, value=count + m)]
+
+    def scatter(self, var: Any, slots: Any, values: Any) -> Any:
+        import tensorflow as tf
+
+        return tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=slots, updates=values)
+
+
+def _capacity(var: Any) -> Any:
+    """Rows of ``var`` without reading it (``tf.shape`` of a variable reads it: a full copy in copy-on-read mode)."""
+    import tensorflow as tf
+
+    return tf.raw_ops.VariableShape(input=var.handle, out_type=tf.int64)[0]
+
+
+def _append(var: Any, tail: Any) -> Any:
+    """Re-assign ``var`` (unknown static shape) to itself with ``tail`` appended along axis 0."""
+    import tensorflow as tf
+
+    return tf.raw_ops.AssignVariableOp(resource=var.handle, value=tf.concat([var.read_value(), tail], 0))
+
+
+def _locked(body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``body`` holding the shard's mutex; the lock is released only after every output (which the body makes
+    depend on its writes) is computed."""
+    import tensorflow as tf
+
+    mutex = tf.raw_ops.MutexV2(shared_name=_LOCK_NAME)
+    lock = tf.raw_ops.MutexLock(mutex=mutex)
+    with tf.control_dependencies([lock]):
+        out = body()
+    with tf.control_dependencies(tf.nest.flatten(out)):
+        done = tf.raw_ops.ConsumeMutexLock(mutex_lock=lock)
+    with tf.control_dependencies([done]):
+        return {k: tf.identity(v) for k, v in out.items()}
+
+
+def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
+    import tensorflow as tf
+
+    from embedgate.export.ps import advance_positions, newer_versions, winners
+
+    tabs = {s.name: _Table(module, s) for s in specs}
+    names = [s.name for s in specs]
+
+    def lookup(*ids: Any) -> dict[str, Any]:
+        return _locked(
+            lambda: {lookup_values_output(t): tabs[t].gather(i) for t, i in zip(names, ids, strict=True)}
+        )
+
+    def row_count() -> dict[str, Any]:
+        return {row_count_output(t): tabs[t].index.size() for t in names}
+
+    def stream_position() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for t in names:
+            keys, offsets = tabs[t].position.export()
+            out[stream_partitions_output(t)] = keys
+            out[stream_offsets_output(t)] = offsets
+        return out
+
+    def applicable(tab: _Table, ids: Any, timestamps: Any, seqs: Any) -> tuple[Any, Any, Any, Any]:
+        """(ids, positions in the call, [n, 2] versions, slots or -1) of the writes of one call that take effect."""
+        uniq, win = winners(ids, timestamps, seqs)
+        ts, seq = tf.gather(timestamps, win), tf.gather(seqs, win)
+        slot, stored = tab.stored(uniq)
+        newer = tf.logical_and(newer_versions(stored, ts, seq), uniq > DELETED_KEY)  # reserved ids: ignored
+        stamps = tf.stack([tf.boolean_mask(ts, newer), tf.boolean_mask(seq, newer)], axis=1)
+        return (
+            tf.boolean_mask(uniq, newer),
+            tf.boolean_mask(win, newer),
+            stamps,
+            tf.boolean_mask(slot, newer),
+        )
+
+    def make_upsert(tab: _Table) -> Callable[..., dict[str, Any]]:
+        def upsert(
+            ids: Any,
+            values: Any,
+            timestamps_ms: Any,
+            seqs: Any,
+            stream_partitions: Any,
+            stream_offsets: Any,
+            stream_expected: Any,
+        ) -> dict[str, Any]:
+            def body() -> dict[str, Any]:
+                keep, rows, stamps, slot = applicable(tab, ids, timestamps_ms, seqs)
+                fresh = slot < 0
+                new_ids = tf.boolean_mask(keep, fresh)
+                got, ops = tab.allocate(tf.size(new_ids, out_type=tf.int64))
+                slots = tf.tensor_scatter_nd_update(slot, tf.where(fresh), got)
+                with tf.control_dependencies(ops):
+                    ops.append(tab.scatter(tab.slab, slots, tf.cast(tf.gather(values, rows), tab.slab.dtype)))
+                    ops.append(tab.scatter(tab.versions, slots, stamps))
+                    if tab.written is not None:
+                        ops.append(tab.scatter(tab.written, slots, stamps[:, 0]))
+                    ops.append(tab.index.insert(new_ids, got))
+                    ops.append(tab.tombstones.remove(new_ids))
+                previous = advance_positions(tab.position, stream_partitions, stream_offsets, stream_expected)
+                with tf.control_dependencies(ops):
+                    return {
+                        "rows": tab.index.size(),
+                        "applied": tf.size(keep, out_type=tf.int64),
+                        "stream_previous": tf.identity(previous),
+                    }
+
+            return _locked(body)
+
+        return upsert
+
+    def make_delete(tab: _Table) -> Callable[..., dict[str, Any]]:
+        def delete(
+            ids: Any,
+            timestamps_ms: Any,
+            seqs: Any,
+            stream_partitions: Any,
+            stream_offsets: Any,
+            stream_expected: Any,
+        ) -> dict[str, Any]:
+            def body() -> dict[str, Any]:
+                gone, _, stamps, slot = applicable(tab, ids, timestamps_ms, seqs)
+                ops = tab.release(tf.boolean_mask(slot, slot >= 0))
+                with tf.control_dependencies(ops):
+                    ops.append(tab.index.remove(gone))
+                    ops.append(tab.tombstones.insert(gone, stamps))
+                previous = advance_positions(tab.position, stream_partitions, stream_offsets, stream_expected)
+                with tf.control_dependencies(ops):
+                    return {
+                        "rows": tab.index.size(),
+                        "applied": tf.size(gone, out_type=tf.int64),
+                        "stream_previous": tf.identity(previous),
+                    }
+
+            return _locked(body)
+
+        return delete
+
+    def expire(now_ms: Any) -> dict[str, Any]:
+        def body() -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for t in names:
+                tab = tabs[t]
+                if tab.written is None or tab.spec.ttl_s is None:
+                    out[expire_count_output(t)] = tf.constant(0, tf.int64)
+                    continue
+                keys, values = tab.index.export()
+                real = keys > DELETED_KEY  # the rest are empty and deleted buckets
+                ids, slots = tf.boolean_mask(keys, real), tf.boolean_mask(values, real)
+                cutoff = now_ms - int(tab.spec.ttl_s * 1000)
+                old = tf.gather(tab.written, slots) < cutoff
+                gone, gone_slots = tf.boolean_mask(ids, old), tf.boolean_mask(slots, old)
+                # the tombstone's version is the cutoff: a write no newer than it (which would have expired by now)
+                # cannot resurrect the row; a newer one (a trainer touching the id again) brings it back
+                stamps = tf.stack(
+                    [
+                        tf.fill(tf.shape(gone), cutoff),
+                        tf.fill(tf.shape(gone), tf.constant(_MAX_SEQ, tf.int64)),
+                    ],
+                    1,
+                )
+                ops = tab.release(gone_slots)
+                with tf.control_dependencies(ops):
+                    ops.append(tab.index.remove(gone))
+                    ops.append(tab.tombstones.insert(gone, stamps))
+                with tf.control_dependencies(ops):
+                    out[expire_count_output(t)] = tf.size(gone, out_type=tf.int64)
+            return out
+
+        return _locked(body)
+
+    sigs: dict[str, Any] = {
+        LOOKUP_SIGNATURE: tf.function(
+            autograph=False,
+            func=lookup,
+            input_signature=[tf.TensorSpec([None], tf.int64, name=lookup_ids_input(t)) for t in names],
+        ),
+        ROW_COUNT_SIGNATURE: tf.function(autograph=False, func=row_count, input_signature=[]),
+        STREAM_POSITION_SIGNATURE: tf.function(autograph=False, func=stream_position, input_signature=[]),
+    }
+    if any(s.ttl_s is not None for s in specs):
+        sigs[EXPIRE_SIGNATURE] = tf.function(
+            autograph=False, func=expire, input_signature=[tf.TensorSpec([], tf.int64, name="now_ms")]
+        )
+    stream_specs = [
+        tf.TensorSpec([None], tf.string, name="stream_partitions"),
+        tf.TensorSpec([None], tf.int64, name="stream_offsets"),
+        tf.TensorSpec([None], tf.int64, name="stream_expected"),
+    ]
+    version_specs = [
+        tf.TensorSpec([None], tf.int64, name="timestamps_ms"),
+        tf.TensorSpec([None], tf.int64, name="seqs"),
+    ]
+    for spec in specs:
+        tab = tabs[spec.name]
+        sigs[upsert_signature(spec.name)] = tf.function(
+            autograph=False,
+            func=make_upsert(tab),
+            input_signature=[
+                tf.TensorSpec([None], tf.int64, name="ids"),
+                tf.TensorSpec([None, spec.dim], tf.float32, name="values"),
+                *version_specs,
+                *stream_specs,
+            ],
+        )
+        sigs[delete_signature(spec.name)] = tf.function(
+            autograph=False,
+            func=make_delete(tab),
+            input_signature=[tf.TensorSpec([None], tf.int64, name="ids"), *version_specs, *stream_specs],
+        )
+    return sigs
