@@ -156,6 +156,7 @@ class RowPublisher:
         self.topic = topic or delta_topic(self.manifest.model_name)
         self._pub: DeltaPublisher | None = None
         self._lock: asyncio.Lock | None = None
+        self._send_failed = False  # loop thread only
         self._closed = False
         try:
             self._call(self._start(), start_timeout_s)
@@ -340,7 +341,7 @@ class RowPublisher:
     async def _send(self, work: _Work) -> PublishResult:
         assert self._lock is not None
         async with self._lock:  # FIFO: calls are sent in the order they were made
-            if self._error is not None:
+            if self._send_failed:
                 raise RuntimeError("not sent: an earlier call failed")
 
             pub = self._pub
@@ -356,7 +357,11 @@ class RowPublisher:
                     timestamp_ms=work.timestamp_ms,
                 )
 
-            result: PublishResult = await self._retrying(once, f"table {work.table!r}")
+            try:
+                result: PublishResult = await self._retrying(once, f"table {work.table!r}")
+            except BaseException:
+                self._send_failed = True  # set before the lock is released: no later call is sent
+                raise
             return result
 
     async def _retrying(self, op: Any, what: str) -> Any:
