@@ -16,7 +16,7 @@ indices) still spread evenly over shards.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -43,8 +43,20 @@ def mix64(ids: npt.ArrayLike) -> npt.NDArray[np.uint64]:
         return z ^ (z >> np.uint64(31))
 
 
-def shard_for(ids: npt.ArrayLike, num_shards: int) -> npt.NDArray[np.int64]:
-    """Shard index in ``[0, num_shards)`` for each id; same shape as ``np.atleast_1d(ids)``."""
+@overload
+def shard_for(ids: int | np.integer, num_shards: int) -> int: ...
+
+
+@overload
+def shard_for(ids: npt.ArrayLike, num_shards: int) -> npt.NDArray[np.int64]: ...
+
+
+def shard_for(ids: npt.ArrayLike, num_shards: int) -> int | npt.NDArray[np.int64]:
+    """Shard index in ``[0, num_shards)`` of each id: a Python ``int`` for one integer id (``int``, a NumPy integer
+    scalar), else an int64 array shaped like ``np.atleast_1d(ids)``."""
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    return (mix64(ids) % np.uint64(num_shards)).astype(np.int64)
+    shards = (mix64(ids) % np.uint64(num_shards)).astype(np.int64)
+    if isinstance(ids, (int, np.integer)) and not isinstance(ids, bool):
+        return int(shards[0])
+    return shards

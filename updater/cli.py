@@ -44,7 +44,20 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--table", required=True, help="embedding table")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--id", type=int, action="append", dest="ids", help="an id (repeatable)")
+    src.add_argument(
+        "--id",
+        type=int,
+        action="append",
+        dest="ids",
+        help="a PS id (repeatable); refused for a table behind a lookup layer: use --key",
+    )
+    src.add_argument(
+        "--key",
+        action="append",
+        dest="keys",
+        help="a raw value of the model's own (repeatable), for a table behind StringLookup / IntegerLookup / "
+        "Hashing: mapped to its PS key exactly as the gateway maps a request's value",
+    )
     src.add_argument(
         "--from",
         dest="source",
@@ -54,7 +67,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--values", default=None, help="comma-separated row for --id (dim floats; repeated per id)"
     )
-    p.add_argument("--fill", type=float, default=None, help="row of dim copies of this value for --id")
+    p.add_argument(
+        "--fill", type=float, default=None, help="row of dim copies of this value for --id / --key"
+    )
     p.add_argument("--delete", action="store_true", help="delete the ids instead of upserting rows")
     p.add_argument(
         "--format",
@@ -185,11 +200,11 @@ def _run_publish(args: argparse.Namespace) -> int:
         return 2
     values = None
     try:
-        if args.ids is not None:
-            ids = np.asarray(args.ids, dtype=np.int64)
+        if args.ids is not None or args.keys is not None:
+            ids = _ids_or_keys(args, manifest)
             if not args.delete:
                 if (args.values is None) == (args.fill is None):
-                    raise ValueError("give exactly one of --values or --fill with --id (or --delete)")
+                    raise ValueError("give exactly one of --values or --fill with --id / --key (or --delete)")
                 if args.values is not None:
                     row = np.asarray([float(x) for x in args.values.split(",")], dtype=np.float32)
                 else:
@@ -243,6 +258,39 @@ def _run_publish(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _ids_or_keys(args: argparse.Namespace, manifest: Any) -> Any:
+    """The PS ids of ``--id`` or ``--key``; ValueError (exit 2) for the wrong one for the table's keying."""
+    import numpy as np
+
+    from gateway.lookup_mapping import load_lookups
+    from updater.producer import model_keys, table_mappings
+
+    model_dir = args.manifest if args.manifest.is_dir() else args.manifest.parent  # lookups.json sits there
+    mapping = table_mappings(manifest, load_lookups(model_dir)).get(args.table)
+    if args.keys is None:
+        if mapping is not None:
+            example = "cat_01" if mapping.takes_strings else "42"
+            raise ValueError(
+                f"table {args.table!r} is keyed through lookup layer {mapping.layer!r} ({mapping.kind.value}): no "
+                f"client reads a row published under a raw --id; publish the model's own value with --key (e.g. "
+                f"--key {example}), mapped as the gateway maps it"
+            )
+        return np.asarray(args.ids, dtype=np.int64)
+    if mapping is None:
+        raise ValueError(
+            f"table {args.table!r} has no lookup layer in front of it: its rows are keyed by --id"
+        )
+    raw: list[Any] = list(args.keys)
+    if not mapping.takes_strings:
+        try:
+            raw = [int(k) for k in raw]
+        except ValueError:
+            raise ValueError(
+                f"table {args.table!r} is keyed through integer layer {mapping.layer!r}: --key takes integers"
+            ) from None
+    return model_keys(args.table, mapping, raw)
 
 
 async def _publish(args: argparse.Namespace, manifest: Any, ids: Any, values: Any, security: Any) -> int:

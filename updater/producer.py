@@ -10,6 +10,12 @@ before the first send. Large batches are chunked into messages of at most ``max_
 batches with ``linger_ms``. ``sequence`` counts messages per shard for this publisher. Use as
 ``async with DeltaPublisher(...) as pub: await pub.publish(...)``; Kafka problems raise aiokafka's ``KafkaError``.
 ``security`` (:class:`schemas.tls.KafkaSecurity`) connects over SSL, SASL_PLAINTEXT or SASL_SSL (PLAIN or SCRAM).
+
+A table behind a Keras ``StringLookup`` / ``IntegerLookup`` / ``Hashing`` layer is keyed by what the gateway maps a
+raw value to (:mod:`gateway.lookup_mapping`), not by the Embedding's row index: :func:`table_mappings` finds those
+tables from ``lookups.json``, and :func:`model_keys` turns the model's own raw values (``"cat_01"``) into the PS keys
+the gateway reads, refusing a value that the gateway would send to the OOV row. The synchronous
+:class:`embedgate.train.RowPublisher` runs this same :class:`DeltaPublisher` on a thread of its own.
 """
 
 from __future__ import annotations
@@ -17,14 +23,16 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 import numpy as np
 import numpy.typing as npt
 from aiokafka import AIOKafkaProducer
 
+from gateway.lookup_mapping import LookupKind, LookupMapping, LookupMappingError
 from schemas.deltas import (
     DeltaOp,
     EmbeddingDelta,
@@ -40,7 +48,15 @@ from schemas.partition import shard_for
 from schemas.tls import KafkaSecurity
 from updater.kafka_security import client_kwargs
 
-__all__ = ["DeltaPublisher", "PublishResult", "load_rows", "message_key"]
+__all__ = [
+    "DeltaPublisher",
+    "KeyedTableError",
+    "PublishResult",
+    "load_rows",
+    "message_key",
+    "model_keys",
+    "table_mappings",
+]
 
 Encoding = Literal["binary", "json"]
 
@@ -261,6 +277,45 @@ class DeltaPublisher:
     async def send_raw(self, topic: str, value: bytes | None, key: bytes | None = None) -> None:
         """Send pre-encoded bytes (tests, tools); returns once acknowledged."""
         await self._producer.send_and_wait(topic, value=value, key=key)
+
+
+class KeyedTableError(ValueError):
+    """Rows addressed the wrong way for a table behind a lookup layer (a raw id, or a value outside the
+    vocabulary); the message names the table, the layer and what to do instead."""
+
+
+def table_mappings(manifest: Manifest, lookups: Mapping[str, LookupMapping]) -> dict[str, LookupMapping]:
+    """Table -> the lookup mapping in front of it (``lookups``: feature -> mapping, :func:`gateway.lookup_mapping.
+    load_lookups`). A table read by no feature with a mapping is keyed by its ids as they are and is absent."""
+    out: dict[str, LookupMapping] = {}
+    for f in manifest.sparse_features:
+        mapping = lookups.get(f.name)
+        if mapping is not None:
+            out.setdefault(f.table, mapping)
+    return out
+
+
+def model_keys(table: str, mapping: LookupMapping, values: Sequence[Any]) -> npt.NDArray[np.int64]:
+    """The PS keys of the model's own raw ``values`` (strings for a ``StringLookup`` or a string ``Hashing``,
+    integers otherwise) of ``table`` behind ``mapping``, computed exactly as the gateway does for a request.
+
+    A ``StringLookup`` / ``IntegerLookup`` value outside the exported vocabulary raises :class:`KeyedTableError`: the
+    gateway serves it the OOV row, so a row published under its key would never be read. A ``Hashing`` value maps to
+    its bin (several values may share one)."""
+    try:
+        raw = mapping.raw_keys(list(values))
+    except LookupMappingError as exc:
+        raise KeyedTableError(f"table {table!r} (behind layer {mapping.layer!r}): {exc}") from None
+    keys = mapping.map_keys(raw)
+    if mapping.kind is not LookupKind.HASHING:
+        outside = np.flatnonzero(keys != raw)
+        if outside.size:
+            i = int(outside[0])
+            raise KeyedTableError(
+                f"table {table!r}: value {values[i]!r} (value {i}) is not in the vocabulary of lookup layer "
+                f"{mapping.layer!r}: the gateway serves it the OOV row, so a row published for it would never be read"
+            )
+    return keys
 
 
 def _table(manifest: Manifest, table: str) -> TableSpec:

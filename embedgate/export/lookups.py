@@ -41,6 +41,7 @@ class KeyedTable:
     pad: Any = (
         None  # the lookup's mask token: what pads a multi-valued feature's raw values on the Keras side
     )
+    index: npt.NDArray[np.int64] | None = None  # the Embedding row each key's row comes from (same order as keys)
 
 
 def find_lookup(model: Any, f: SparseDecl) -> Any | None:
@@ -131,7 +132,8 @@ def keyed_table(f: SparseDecl, lookup: Any, emb: Any) -> KeyedTable:
     pad = (
         None if lookup.mask_token is None else (str(lookup.mask_token) if string else int(lookup.mask_token))
     )
-    return KeyedTable(mapping, key_arr, weights[np.asarray(idx, np.int64)], [*samples[:63], probe], pad)
+    index = np.asarray(idx, np.int64)
+    return KeyedTable(mapping, key_arr, weights[index], [*samples[:63], probe], pad, index)
 
 
 def _hashing_table(f: SparseDecl, layer: Any, emb: Any, what: str, name: str) -> KeyedTable:
@@ -196,7 +198,8 @@ def _hashing_table(f: SparseDecl, layer: Any, emb: Any, what: str, name: str) ->
     else:
         samples = [0, 1, -1, 7, 42, 12345, 2**40 + 3, -(2**62)]
     samples = [v for v in samples if v != mask]  # the mask value pads; Keras masks it, clients do not send it
-    return KeyedTable(mapping, np.arange(num_bins, dtype=np.int64), weights[:num_bins], samples, mask)
+    bins = np.arange(num_bins, dtype=np.int64)
+    return KeyedTable(mapping, bins, weights[:num_bins], samples, mask, bins)
 
 
 def _check_feeds(layer: Any, emb: Any, what: str, name: str) -> None:

@@ -50,3 +50,15 @@ def test_rejects_bad_arguments() -> None:
         shard_for([1], 0)
     with pytest.raises(TypeError, match="integers"):
         mix64([1.5])
+
+
+@pytest.mark.parametrize("uid", [0, 7, -3, 2**63 - 1, np.int64(42), np.uint64(2**64 - 1), np.int32(5)])
+def test_shard_for_scalar_is_an_int(uid: int) -> None:
+    got = shard_for(uid, 3)
+    assert type(got) is int
+    assert got == int(shard_for(np.array([uid]), 3)[0])
+
+
+def test_shard_for_arrays_keep_their_shape() -> None:
+    assert shard_for([5], 3).shape == (1,)
+    assert shard_for(np.array(5), 3).shape == (1,)  # a 0-d array is array-like: atleast_1d

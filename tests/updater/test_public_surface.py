@@ -75,7 +75,15 @@ SURFACE = {
     "updater.kafka_client": {"DeadLetterProducer", "KafkaClient", "Record"},
     "updater.replicas": {"NEVER", "PositionBook", "Replica"},
     "updater.catchup": {"CatchUpTasks", "catch_up"},
-    "updater.producer": {"DeltaPublisher", "PublishResult", "load_rows", "message_key"},
+    "updater.producer": {
+        "DeltaPublisher",
+        "KeyedTableError",
+        "PublishResult",
+        "load_rows",
+        "message_key",
+        "model_keys",
+        "table_mappings",
+    },
     "updater.cli": {"register"},
     "updater.kafka_security": {
         "add_security_arguments",
