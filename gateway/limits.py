@@ -2,9 +2,11 @@
 
 What one request may cost is bounded by ``GatewaySettings.limits`` (``LimitsSettings``) and ``max_body_bytes``:
 
-* :func:`read_body` reads at most ``max_body_bytes`` (also after gunzip), reserving every byte in the app's
-  :class:`BufferedBytes` first (all bodies being read or processed share ``limits.max_buffered_bytes``; 429 above).
-  The caller bounds the read in time (``limits.body_timeout_s``).
+* :func:`read_body` reads at most ``max_body_bytes`` (also after decompression), reserving every byte in the app's
+  :class:`BufferedBytes` first (all bodies being read or processed, REST and gRPC, share
+  ``limits.max_buffered_bytes``; 429 above). The caller bounds the read in time (``limits.body_timeout_s``). A
+  gzip/deflate body is inflated on the parse threads by :func:`inflate`, streaming, within ``max_body_bytes`` and
+  ``limits.max_decompression_ratio`` (413 as soon as either is passed).
 * :func:`parse_json` parses a body with the tensor codec's rules and then checks its shape: nesting depth
   (``max_json_depth``, checked on the raw bytes before parsing, so no parser recursion can blow up), lone UTF-16
   surrogates in strings, the batch size (``max_instances``) and values per feature per instance
@@ -39,7 +41,7 @@ import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -58,6 +60,7 @@ __all__ = [
     "ParsePool",
     "check_structure",
     "current_limits",
+    "inflate",
     "json_depth",
     "offload",
     "parse_document",
@@ -251,30 +254,52 @@ class BufferedBytes:
         self.current = 0
         self._retry_after = retry_after
 
+    def check_room(self) -> None:
+        """ResourceExhausted when nothing more fits (a front refuses before it receives a body of unknown size)."""
+        if self.current >= self.limit:
+            self._refuse()
+
     def reserve(self, n: int) -> None:
         if self.current + n > self.limit:
-            raise ResourceExhausted(
-                f"Too many request bytes being processed (limits.max_buffered_bytes={self.limit}); retry later",
-                retry_after=self._retry_after,
-            )
+            self._refuse()
         self.current += n
+
+    def _refuse(self) -> None:
+        raise ResourceExhausted(
+            f"Too many request bytes being processed (limits.max_buffered_bytes={self.limit}); retry later",
+            retry_after=self._retry_after,
+        )
 
     def release(self, n: int) -> None:
         self.current -= n
 
 
-async def read_body(request: Request, limit: int, buffered: BufferedBytes, held: list[int]) -> bytes:
-    """The whole body (gunzipped when ``Content-Encoding: gzip``), at most ``limit`` bytes.
+async def read_body(
+    request: Request,
+    limit: int,
+    buffered: BufferedBytes,
+    held: list[int],
+    *,
+    executor: Executor | None = None,
+    max_ratio: int = _DEFAULT_LIMITS.max_decompression_ratio,
+) -> bytes:
+    """The whole body, decompressed when ``Content-Encoding`` is ``gzip`` (``x-gzip``) or ``deflate``; at most
+    ``limit`` bytes either way.
 
     Every byte kept is reserved in ``buffered`` first and added to ``held[0]``; the caller releases ``held[0]`` when
-    the request ends (also on errors). Raises InvalidArgument (size, bad gzip), ResourceExhausted (buffered bytes)
-    and starlette's ``ClientDisconnect``.
+    the request ends (also on errors). A compressed body is inflated on ``executor`` (the parse threads; zlib
+    releases the GIL while it inflates; inline when None) in steps, and refused with 413 as soon as the output passes
+    ``limit`` or, past :data:`RATIO_FLOOR` bytes, ``max_ratio`` times the compressed bytes read so far (see
+    :func:`inflate`): a gzip bomb costs a few steps, never its full size. Raises InvalidArgument (size, bad or
+    truncated stream), PayloadTooLarge (decompression limits), ResourceExhausted (buffered bytes) and starlette's
+    ``ClientDisconnect``.
     """
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and len(declared) < 20 and int(declared) > limit:
         raise InvalidArgument(
             f"Request body of {declared} bytes exceeds the limit of {limit} bytes (max_body_bytes)"
         )
+    encoding = _encoding(request.headers.get("content-encoding", ""))
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -288,28 +313,72 @@ async def read_body(request: Request, limit: int, buffered: BufferedBytes, held:
         chunks.append(chunk)
     body = b"".join(chunks)
     chunks.clear()
-    if "gzip" in request.headers.get("content-encoding", "").lower() and body:
-        # The decompressed bytes are reserved up to the limit first; what is not used is given back.
-        room = limit + 1
-        buffered.reserve(room)
-        held[0] += room
-        try:
-            body, tail = await offload(_gunzip, body, room)
-        except zlib.error as exc:
-            raise InvalidArgument(f"Unable to gunzip request body: {exc}") from None
-        if len(body) > limit or tail:
-            raise InvalidArgument(
-                f"Uncompressed request body exceeds the limit of {limit} bytes (max_body_bytes)"
-            )
-        buffered.release(room - len(body))
-        held[0] -= room - len(body)
-    return body
+    if encoding is None or not body:
+        return body
+    # The most the output may reach is reserved first; what is not used is given back.
+    room = min(limit, max(RATIO_FLOOR, max_ratio * len(body)))
+    buffered.reserve(room)
+    held[0] += room
+    work = functools.partial(inflate, body, encoding, limit, max_ratio)
+    if executor is None:
+        out = work()
+    else:
+        out = await asyncio.get_running_loop().run_in_executor(executor, work)
+    buffered.release(room - len(out))
+    held[0] -= room - len(out)
+    return out
 
 
-def _gunzip(data: bytes, room: int) -> tuple[bytes, bool]:
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = d.decompress(data, room)
-    return out, bool(d.unconsumed_tail)
+_WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+RATIO_FLOOR: Final = 1024 * 1024  # decompressed bytes below which the ratio is not enforced (small bodies compress well)
+_INFLATE_STEP: Final = 1024 * 1024  # decompressed bytes per zlib call
+
+
+def _encoding(header: str) -> str | None:
+    """The one content coding of a ``Content-Encoding`` value (None for none / identity / unknown codings, whose
+    bodies are read as they are); InvalidArgument for more than one compression."""
+    codings = [c.strip().lower() for c in header.split(",") if c.strip() and c.strip().lower() != "identity"]
+    known = [c for c in codings if c in _WBITS]
+    if len(known) > 1:
+        raise InvalidArgument(
+            f"Content-Encoding {header[:64]!r}: only one compression (gzip or deflate) is supported"
+        )
+    return known[0] if known else None
+
+
+def inflate(data: bytes, encoding: str, limit: int, max_ratio: int) -> bytes:
+    """``data`` decompressed (``encoding``: gzip, x-gzip or deflate, i.e. the zlib format), streaming: at most
+    ``limit`` bytes out (PayloadTooLarge above) and, once more than :data:`RATIO_FLOOR` bytes came out, at most
+    ``max_ratio`` times the input consumed so far (PayloadTooLarge). Pure, blocking; memory: the output so far plus
+    one step. InvalidArgument for a corrupt or truncated stream."""
+    d = zlib.decompressobj(_WBITS[encoding])
+    parts: list[bytes] = []
+    size = 0
+    pending = data
+    try:
+        while not d.eof:
+            part = d.decompress(pending, _INFLATE_STEP)
+            pending = d.unconsumed_tail
+            size += len(part)
+            if size > limit:
+                raise PayloadTooLarge(
+                    f"Request body decompresses to more than {limit} bytes (max_body_bytes); refused while "
+                    "decompressing"
+                )
+            consumed = len(data) - len(pending) - len(d.unused_data)
+            if size > RATIO_FLOOR and size > max_ratio * max(consumed, 1):
+                raise PayloadTooLarge(
+                    f"Request body decompresses to more than {max_ratio} times its compressed size "
+                    f"({size} bytes from {consumed}; limits.max_decompression_ratio)"
+                )
+            parts.append(part)
+            if not part and not pending:
+                break  # all input consumed without the end of the stream
+    except zlib.error as exc:
+        raise InvalidArgument(f"Unable to decompress the {encoding} request body: {exc}") from None
+    if not d.eof:
+        raise InvalidArgument(f"Unable to decompress the {encoding} request body: the stream is truncated")
+    return b"".join(parts)
 
 
 # ---- JSON structure -----------------------------------------------------------------------------------------------

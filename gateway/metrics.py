@@ -69,6 +69,11 @@ class Metrics:
             "REST requests refused because max_in_flight or limits.max_buffered_bytes was reached",
             registry=r,
         )
+        self.grpc_request_bytes = Counter(
+            "embedgate_grpc_request_bytes",
+            "bytes of gRPC request messages read (a call refused before its message is read adds nothing)",
+            registry=r,
+        )
         self.client_disconnects = Counter(
             "embedgate_client_disconnects",
             "REST requests whose client disconnected before its body was read (outcome CANCELLED, not an error)",

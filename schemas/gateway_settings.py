@@ -80,6 +80,12 @@ class LimitsSettings(_Strict):
     max_ids_per_feature: int = Field(
         100_000, gt=0, description="values of one feature (or input) in one instance (413)"
     )
+    max_decompression_ratio: int = Field(
+        200,
+        ge=1,
+        description="a gzip/deflate body may inflate to at most this many times its compressed size, enforced "
+        "once 1 MiB came out (413 above)",
+    )
     max_header_bytes: int = Field(
         16 * 1024, ge=1024, description="request line + headers (h11 max incomplete event size; 431 above)"
     )

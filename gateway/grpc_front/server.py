@@ -25,11 +25,12 @@ from gateway.grpc_front.servicer import MODEL_SERVICE, PREDICTION_SERVICE, gener
 from gateway.lifespan import Runtime
 from gateway.readiness import Readiness
 
-__all__ = ["OPEN_SERVICES", "GrpcFront"]
+__all__ = ["MIN_PENDING_CALLS", "OPEN_SERVICES", "GrpcFront", "pending_calls"]
 
 log = logging.getLogger("embedgate.gateway")
 
 OPEN_SERVICES: Final = ("", PREDICTION_SERVICE, MODEL_SERVICE)  # answered to anyone: the overall status
+MIN_PENDING_CALLS: Final = 20_000
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _STATUS: Final = {s.value[0]: s for s in grpc.StatusCode}
@@ -72,6 +73,12 @@ class _Health(health.aio.HealthServicer):  # type: ignore[misc]
         return await super().Watch(request, context)
 
 
+def pending_calls(max_in_flight: int) -> int:
+    """How many calls the gRPC core may hold before the gateway takes them (:data:`MIN_PENDING_CALLS` or 64 per
+    ``max_in_flight`` slot, whichever is more)."""
+    return max(MIN_PENDING_CALLS, 64 * max_in_flight)
+
+
 class GrpcFront:
     """One ``grpc.aio`` server on ``host:grpc_port``; :meth:`start` / :meth:`stop` inside the running loop."""
 
@@ -80,10 +87,17 @@ class GrpcFront:
         self._rt = rt
         # Requests are client bodies (max_body_bytes, as over REST); answers relay backend answers (the size the
         # backend channels accept).
+        # Calls gRPC has accepted but not yet handed to the gateway wait in its core's queue; past its default
+        # backlog (1,000, up to 3,000) gRPC cancels them at random, silently (the client sees CANCELLED). The queue
+        # is made deep enough for any burst the gateway itself can refuse (RESOURCE_EXHAUSTED, counted): each
+        # queued call costs a stream's state and at most one HTTP/2 flow-control window of its message.
+        pending = pending_calls(s.max_in_flight)
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", min(s.max_body_bytes, 2**31 - 1)),
                 ("grpc.max_send_message_length", s.grpc.max_receive_message_bytes),
+                ("grpc.server.max_pending_requests", pending),
+                ("grpc.server.max_pending_requests_hard_limit", pending),
             ]
         )
         self._server.add_generic_rpc_handlers(generic_handlers(rt))

@@ -1,4 +1,5 @@
-"""TF Serving's gRPC API over the gateway core: parse the request proto, call ``Gateway.handle`` once, build the reply.
+"""TF Serving's gRPC API over the gateway core: read and parse the request proto, call ``Gateway.handle`` once, build
+the reply.
 
 Handlers are registered as generic handlers under TF Serving's service names, so the official
 ``tensorflow-serving-api`` stubs call them: ``/tensorflow.serving.PredictionService/{Predict, Classify, Regress,
@@ -6,17 +7,22 @@ GetModelMetadata}`` and ``/tensorflow.serving.ModelService/GetModelStatus``. Eve
 ``Runtime.track`` as REST (``max_in_flight``, request metrics) and gets the request deadline (``request_timeout_s``,
 or the client's gRPC deadline when sooner). A :class:`~gateway.errors.GatewayError` becomes the gRPC status with the
 same code and message.
+
+Every method takes its message as bytes and parses it itself (:meth:`_Servicer._serve`), after the token check and
+within REST's limits (``limits``: buffered bytes, ``max_instances``, sizes; ``gateway.grpc_front.messages``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
-from google.protobuf.message import DecodeError
+from google.protobuf.message import Message
 
 from gateway.core.requests import (
     ClassifyRequest,
@@ -26,8 +32,18 @@ from gateway.core.requests import (
     StatusRequest,
     VersionSpec,
 )
-from gateway.errors import GatewayError, Internal, InvalidArgument, clip, public_message
+from gateway.errors import (
+    GatewayError,
+    Internal,
+    InvalidArgument,
+    RequestTimeout,
+    ResourceExhausted,
+    clip,
+    public_message,
+)
+from gateway.grpc_front.messages import Parsed, check_message, parse_message
 from gateway.lifespan import Runtime
+from gateway.limits import offload, parse_pool, release_memory, request_scope
 from schemas.proto import tfs_pb2
 
 if TYPE_CHECKING:
@@ -45,7 +61,9 @@ DEGRADED_METADATA_KEY: Final = "x-embedgate-degraded"  # trailing metadata: why 
 SIGNATURE_DEF_MAP_URL: Final = "type.googleapis.com/tensorflow.serving.SignatureDefMap"
 _STATUS: Final = {s.value[0]: s for s in grpc.StatusCode}
 
-_Resp = TypeVar("_Resp")
+_TRIM_BYTES: Final = 8 * 1024 * 1024  # after a message this large, freed heap pages go back to the OS
+
+_Req = TypeVar("_Req", bound=Message)
 
 
 class TensorInputs:
@@ -112,37 +130,56 @@ def _relayed(wire: bytes, name: str, signature: str) -> bytes:
 
 
 class _Servicer:
-    """The five RPCs; each parses, calls the core once and encodes."""
+    """The five RPCs; each reads and parses its message (:meth:`_serve`), calls the core once and encodes."""
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 
-    async def _run(
+    async def _serve(
         self,
         api: str,
-        model: str,
+        kind: type[_Req],
         context: grpc.aio.ServicerContext,
-        fn: Callable[[float], Awaitable[tuple[_Resp, int | None] | tuple[_Resp, int | None, str | None]]],
-    ) -> _Resp:
-        """Run ``fn(deadline)`` -> (reply, version answered[, degraded reason]) under ``track``; errors abort the call.
+        fn: Callable[[_Req, bytes, float], Awaitable[tuple[bytes, int | None, str | None]]],
+    ) -> bytes:
+        """One call: the token, a ``max_in_flight`` slot, the message read and parsed within the limits, then
+        ``fn(message, raw, deadline)`` -> (serialized reply, version answered, degraded reason or None).
 
-        A degraded reason is sent as the trailing metadata ``x-embedgate-degraded``."""
+        Order (each step refuses before the next costs anything): the token is checked from the metadata before a
+        byte of the message is read (a caller without one is refused with the message unread, see
+        :func:`generic_handlers`); then the in-flight slot; the message is read only when the buffered-bytes budget
+        has room, within ``limits.body_timeout_s``, and its size reserved in the budget shared with REST
+        (RESOURCE_EXHAUSTED above ``limits.max_buffered_bytes``); it is parsed and checked
+        (:func:`~gateway.grpc_front.messages.parse_message`; on a parse worker when large), the token checked for
+        its model, and what its tensors decode to beyond its size reserved too. Large messages run in a request
+        scope (``gateway.limits.request_scope``): parsing, planning and encoding go to the parse threads. Errors
+        abort the call with their code; a degraded reason is sent as the trailing metadata ``x-embedgate-degraded``.
+        """
         rt = self.rt
         left = context.time_remaining()
         timeout = rt.settings.request_timeout_s if left is None else min(left, rt.settings.request_timeout_s)
         deadline = time.monotonic() + timeout
+        held = [0]  # bytes reserved in rt.buffered, released at the end
         try:
             with rt.track(admit=False) as call:
-                call.api, call.model = api, model
+                call.api = api
+                authorization = _authorization(context)
                 if rt.auth is not None:  # the same bearer tokens as REST, from the `authorization` metadata
-                    auth = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
-                    rt.auth.check([v if isinstance(v, str) else "" for v in auth], model)  # several: refused
+                    rt.auth.check(authorization, None)  # several values: refused
                 call.admit()
-                resp, version, *degraded = await fn(deadline)
+                raw = await self._read(context, held)
+                with request_scope(rt.settings.limits, rt.executor, len(raw), rt.procs):
+                    parsed = await self._parse(kind, raw)
+                    call.model = parsed.message.model_spec.name
+                    if rt.auth is not None:
+                        rt.auth.check(authorization, call.model)
+                    self._reserve(max(0, parsed.decoded_bytes - len(raw)), held)
+                    resp, version, degraded = await fn(parsed.message, raw, deadline)
+                del raw, parsed
                 call.version = "" if version is None else str(version)
-                if degraded and degraded[0] is not None:
-                    call.degraded = degraded[0]
-                    context.set_trailing_metadata(((DEGRADED_METADATA_KEY, degraded[0]),))
+                if degraded is not None:
+                    call.degraded = degraded
+                    context.set_trailing_metadata(((DEGRADED_METADATA_KEY, degraded),))
                 return resp
         except GatewayError as exc:
             code = _STATUS.get(int(exc.code), grpc.StatusCode.UNKNOWN)
@@ -150,8 +187,58 @@ class _Servicer:
         except Exception:  # our bug: INTERNAL without internals; traceback logged
             log.exception("unhandled error", extra={"path": f"grpc {api}"})
             code, message = grpc.StatusCode.INTERNAL, "Internal error; see the gateway log"
+        finally:
+            if held[0]:
+                rt.buffered.release(held[0])
+                if held[0] >= _TRIM_BYTES and rt.executor is not None:  # malloc_trim: not on the event loop
+                    with contextlib.suppress(RuntimeError):  # executor already shut down
+                        rt.executor.submit(release_memory, held[0])
         await context.abort(code, message)
         raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+    def _reserve(self, n: int, held: list[int]) -> None:
+        if n:
+            try:
+                self.rt.buffered.reserve(n)
+            except ResourceExhausted:
+                self.rt.metrics.rejected.inc()
+                raise
+            held[0] += n
+
+    async def _read(self, context: grpc.aio.ServicerContext, held: list[int]) -> bytes:
+        """The request message, unparsed, reserved in the budget (its size is only known once gRPC has it all)."""
+        rt = self.rt
+        try:
+            rt.buffered.check_room()
+        except ResourceExhausted:
+            rt.metrics.rejected.inc()
+            raise
+        body_timeout = rt.settings.limits.body_timeout_s
+        reading = asyncio.timeout(body_timeout)
+        try:
+            async with reading:
+                raw = await context.read()
+        except TimeoutError:
+            if not reading.expired():
+                raise
+            raise RequestTimeout(
+                f"Request message not received within {body_timeout:g} s (limits.body_timeout_s)"
+            ) from None
+        if not isinstance(raw, bytes):  # grpc.aio.EOF: the client half-closed without a message
+            raise InvalidArgument("The call carries no request message")
+        rt.metrics.grpc_request_bytes.inc(len(raw))
+        self._reserve(len(raw), held)
+        return raw
+
+    async def _parse(self, kind: type[_Req], raw: bytes) -> Parsed[_Req]:
+        """``raw`` parsed and checked; a large one is first checked on a parse worker process when there are any
+        (a message that does not parse or breaks a limit never holds this process's GIL), then parsed on a parse
+        thread."""
+        s = self.rt.settings
+        procs = parse_pool()
+        if procs is not None:
+            await procs.acall(check_message, kind, raw, s.limits, s.max_body_bytes)
+        return await offload(parse_message, kind, raw, s.limits, s.max_body_bytes)
 
     @property
     def _gw(self) -> Gateway:
@@ -159,104 +246,98 @@ class _Servicer:
             raise Internal("gateway is not started")
         return self.rt.gateway
 
-    async def predict(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Predict, registered with bytes in and out: the request is parsed here (once) and a pass-through model's
-        answer is relayed as the backend serialized it, with the client's ModelSpec appended (see
-        :func:`_relayed`); every other answer is built and serialized here."""
-        try:
-            request = tfs_pb2.PredictRequest.FromString(raw)
-        except DecodeError:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Cannot parse the PredictRequest message")
-            raise AssertionError("unreachable: abort raises") from None  # pragma: no cover
+    async def predict(self, requests: object, context: grpc.aio.ServicerContext) -> bytes:
+        """Predict: a pass-through model's answer is relayed as the backend serialized it, with the client's
+        ModelSpec appended (see :func:`_relayed`); every other answer is built and serialized here."""
+        return await self._serve("predict", tfs_pb2.PredictRequest, context, self._predict)
+
+    async def _predict(
+        self, request: tfs_pb2.PredictRequest, raw: bytes, deadline: float
+    ) -> tuple[bytes, int | None, str | None]:
         ms = request.model_spec
         wanted = list(request.output_filter)
+        inputs = TensorInputs(request.inputs, None if wanted else raw)
+        req = PredictRequest(ms.name, _version_spec(ms), ms.signature_name, inputs)
+        res = await self._gw.handle(req, deadline)
+        if res.wire is not None and not wanted:
+            return _relayed(res.wire, ms.name, res.signature), res.version, res.degraded
+        outputs = _filtered(res.outputs, wanted)
+        resp = tfs_pb2.PredictResponse(model_spec=_reply_spec(ms.name, res.version, res.signature))
+        for k, t in outputs.items():
+            resp.outputs[k].CopyFrom(t)
+        return await offload(resp.SerializeToString), res.version, res.degraded
 
-        async def go(deadline: float) -> tuple[bytes, int | None, str | None]:
-            inputs = TensorInputs(request.inputs, None if wanted else raw)
-            req = PredictRequest(ms.name, _version_spec(ms), ms.signature_name, inputs)
-            res = await self._gw.handle(req, deadline)
-            if res.wire is not None and not wanted:
-                return _relayed(res.wire, ms.name, res.signature), res.version, res.degraded
-            outputs = _filtered(res.outputs, wanted)
-            resp = tfs_pb2.PredictResponse(model_spec=_reply_spec(ms.name, res.version, res.signature))
-            for k, t in outputs.items():
-                resp.outputs[k].CopyFrom(t)
-            return resp.SerializeToString(), res.version, res.degraded
+    async def classify(self, requests: object, context: grpc.aio.ServicerContext) -> bytes:
+        return await self._serve("classify", tfs_pb2.ClassificationRequest, context, self._classify)
 
-        return await self._run("predict", ms.name, context, go)
-
-    async def classify(
-        self, request: tfs_pb2.ClassificationRequest, context: grpc.aio.ServicerContext
-    ) -> tfs_pb2.ClassificationResponse:
+    async def _classify(
+        self, request: tfs_pb2.ClassificationRequest, raw: bytes, deadline: float
+    ) -> tuple[bytes, int | None, str | None]:
         ms = request.model_spec
+        req = ClassifyRequest(ms.name, _version_spec(ms), ms.signature_name, request.input)
+        res = await self._gw.handle(req, deadline)
+        resp = tfs_pb2.ClassificationResponse(
+            model_spec=_reply_spec(ms.name, res.version, res.signature), result=res.result
+        )
+        return await offload(resp.SerializeToString), res.version, res.degraded
 
-        async def go(deadline: float) -> tuple[tfs_pb2.ClassificationResponse, int | None, str | None]:
-            req = ClassifyRequest(ms.name, _version_spec(ms), ms.signature_name, request.input)
-            res = await self._gw.handle(req, deadline)
-            spec = _reply_spec(ms.name, res.version, res.signature)
-            return (
-                tfs_pb2.ClassificationResponse(model_spec=spec, result=res.result),
-                res.version,
-                res.degraded,
-            )
+    async def regress(self, requests: object, context: grpc.aio.ServicerContext) -> bytes:
+        return await self._serve("regress", tfs_pb2.RegressionRequest, context, self._regress)
 
-        return await self._run("classify", ms.name, context, go)
-
-    async def regress(
-        self, request: tfs_pb2.RegressionRequest, context: grpc.aio.ServicerContext
-    ) -> tfs_pb2.RegressionResponse:
+    async def _regress(
+        self, request: tfs_pb2.RegressionRequest, raw: bytes, deadline: float
+    ) -> tuple[bytes, int | None, str | None]:
         ms = request.model_spec
+        req = RegressRequest(ms.name, _version_spec(ms), ms.signature_name, request.input)
+        res = await self._gw.handle(req, deadline)
+        resp = tfs_pb2.RegressionResponse(
+            model_spec=_reply_spec(ms.name, res.version, res.signature), result=res.result
+        )
+        return await offload(resp.SerializeToString), res.version, res.degraded
 
-        async def go(deadline: float) -> tuple[tfs_pb2.RegressionResponse, int | None, str | None]:
-            req = RegressRequest(ms.name, _version_spec(ms), ms.signature_name, request.input)
-            res = await self._gw.handle(req, deadline)
-            spec = _reply_spec(ms.name, res.version, res.signature)
-            return tfs_pb2.RegressionResponse(model_spec=spec, result=res.result), res.version, res.degraded
+    async def get_model_metadata(self, requests: object, context: grpc.aio.ServicerContext) -> bytes:
+        return await self._serve("metadata", tfs_pb2.GetModelMetadataRequest, context, self._metadata)
 
-        return await self._run("regress", ms.name, context, go)
-
-    async def get_model_metadata(
-        self, request: tfs_pb2.GetModelMetadataRequest, context: grpc.aio.ServicerContext
-    ) -> tfs_pb2.GetModelMetadataResponse:
+    async def _metadata(
+        self, request: tfs_pb2.GetModelMetadataRequest, raw: bytes, deadline: float
+    ) -> tuple[bytes, int | None, str | None]:
         ms = request.model_spec
+        fields = list(request.metadata_field)
+        if not fields:
+            raise InvalidArgument("GetModelMetadataRequest must specify at least one metadata_field")
+        for f in fields:
+            if f != "signature_def":
+                raise InvalidArgument(f"Metadata field {clip(f)} is not supported")
+        res = await self._gw.handle(MetadataRequest(ms.name, _version_spec(ms)), deadline)
+        resp = tfs_pb2.GetModelMetadataResponse(model_spec=_reply_spec(ms.name, res.version, ""))
+        packed = resp.metadata["signature_def"]
+        packed.type_url = SIGNATURE_DEF_MAP_URL
+        packed.value = res.signatures.SerializeToString()
+        return resp.SerializeToString(), res.version, None
 
-        async def go(deadline: float) -> tuple[tfs_pb2.GetModelMetadataResponse, int | None]:
-            fields = list(request.metadata_field)
-            if not fields:
-                raise InvalidArgument("GetModelMetadataRequest must specify at least one metadata_field")
-            for f in fields:
-                if f != "signature_def":
-                    raise InvalidArgument(f"Metadata field {clip(f)} is not supported")
-            res = await self._gw.handle(MetadataRequest(ms.name, _version_spec(ms)), deadline)
-            resp = tfs_pb2.GetModelMetadataResponse(model_spec=_reply_spec(ms.name, res.version, ""))
-            packed = resp.metadata["signature_def"]
-            packed.type_url = SIGNATURE_DEF_MAP_URL
-            packed.value = res.signatures.SerializeToString()
-            return resp, res.version
+    async def get_model_status(self, requests: object, context: grpc.aio.ServicerContext) -> bytes:
+        return await self._serve("status", tfs_pb2.GetModelStatusRequest, context, self._status)
 
-        return await self._run("metadata", ms.name, context, go)
-
-    async def get_model_status(
-        self, request: tfs_pb2.GetModelStatusRequest, context: grpc.aio.ServicerContext
-    ) -> tfs_pb2.GetModelStatusResponse:
+    async def _status(
+        self, request: tfs_pb2.GetModelStatusRequest, raw: bytes, deadline: float
+    ) -> tuple[bytes, int | None, str | None]:
         ms = request.model_spec
-
-        async def go(deadline: float) -> tuple[tfs_pb2.GetModelStatusResponse, int | None]:
-            resp = await self._gw.handle(StatusRequest(ms.name, _version_spec(ms)), deadline)
-            return resp, None
-
-        return await self._run("status", ms.name, context, go)
+        resp = await self._gw.handle(StatusRequest(ms.name, _version_spec(ms)), deadline)
+        return resp.SerializeToString(), None, None
 
 
-def _unary(fn: Any, req: Any, resp: Any) -> grpc.RpcMethodHandler:
-    return grpc.unary_unary_rpc_method_handler(
-        fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString
-    )
+def _authorization(context: grpc.aio.ServicerContext) -> list[str]:
+    """Every ``authorization`` metadata value, in order (several are refused by :meth:`Auth.check`)."""
+    return [v if isinstance(v, str) else "" for k, v in context.invocation_metadata() or () if k == "authorization"]
 
 
-def _unary_bytes(fn: Any) -> grpc.RpcMethodHandler:
-    """A handler that takes and returns serialized messages (it parses and serializes them itself)."""
-    return grpc.unary_unary_rpc_method_handler(fn)
+def _raw_handler(fn: Any) -> grpc.RpcMethodHandler:
+    """A handler taking the request message unread and unparsed, and returning a serialized reply.
+
+    Registered as client-streaming: on the wire a unary call is the same, and the handler reads the one message
+    itself (``context.read()``), so a call refused first (no token, no slot, no budget) never has its message
+    received or parsed; HTTP/2 flow control keeps the client from sending more than a window meanwhile."""
+    return grpc.stream_unary_rpc_method_handler(fn)
 
 
 def generic_handlers(rt: Runtime) -> tuple[grpc.GenericRpcHandler, ...]:
@@ -265,20 +346,13 @@ def generic_handlers(rt: Runtime) -> tuple[grpc.GenericRpcHandler, ...]:
     prediction = grpc.method_handlers_generic_handler(
         PREDICTION_SERVICE,
         {
-            "Predict": _unary_bytes(s.predict),
-            "Classify": _unary(s.classify, tfs_pb2.ClassificationRequest, tfs_pb2.ClassificationResponse),
-            "Regress": _unary(s.regress, tfs_pb2.RegressionRequest, tfs_pb2.RegressionResponse),
-            "GetModelMetadata": _unary(
-                s.get_model_metadata, tfs_pb2.GetModelMetadataRequest, tfs_pb2.GetModelMetadataResponse
-            ),
+            "Predict": _raw_handler(s.predict),
+            "Classify": _raw_handler(s.classify),
+            "Regress": _raw_handler(s.regress),
+            "GetModelMetadata": _raw_handler(s.get_model_metadata),
         },
     )
     model = grpc.method_handlers_generic_handler(
-        MODEL_SERVICE,
-        {
-            "GetModelStatus": _unary(
-                s.get_model_status, tfs_pb2.GetModelStatusRequest, tfs_pb2.GetModelStatusResponse
-            )
-        },
+        MODEL_SERVICE, {"GetModelStatus": _raw_handler(s.get_model_status)}
     )
     return prediction, model

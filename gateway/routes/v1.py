@@ -226,7 +226,14 @@ async def _read(request: Request, rt: Runtime, held: list[int]) -> bytes:
     reading = asyncio.timeout(body_timeout)
     try:
         async with reading:
-            return await read_body(request, rt.settings.max_body_bytes, rt.buffered, held)
+            return await read_body(
+                request,
+                rt.settings.max_body_bytes,
+                rt.buffered,
+                held,
+                executor=rt.executor,
+                max_ratio=rt.settings.limits.max_decompression_ratio,
+            )
     except TimeoutError:
         if not reading.expired():
             raise

@@ -54,6 +54,7 @@ SURFACE = {
         "ParsePool",
         "check_structure",
         "current_limits",
+        "inflate",
         "json_depth",
         "offload",
         "parse_document",
