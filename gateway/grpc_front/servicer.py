@@ -137,7 +137,7 @@ class _Servicer:
                 if rt.auth is not None:  # the same bearer tokens as REST, from the `authorization` metadata
                     auth = dict(context.invocation_metadata() or ()).get("authorization")
                     rt.auth.check(auth if isinstance(auth, str) else None, model)
-                call.admit()
+                await call.admit_queued()
                 resp, version, *degraded = await fn(deadline)
                 call.version = "" if version is None else str(version)
                 if degraded and degraded[0] is not None:
