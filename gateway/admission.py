@@ -6,10 +6,10 @@ flight, clients time out, work is done for nobody and goodput collapses. Admissi
 the process can serve and refuses the rest at once, cheaply (before the body is parsed), so a refused client learns it
 in milliseconds and an admitted one is served at the unloaded speed.
 
-* :class:`GradientLimit` (pure; time from the clock it is given): the concurrency limit. As Envoy's
-  adaptive-concurrency filter does, it measures the minimum round trip ``min_rtt`` (the median of
-  ``admission.min_rtt_samples`` round trips of requests admitted while the limit is held at ``min_limit``; again every
-  ``min_rtt_interval_s``), then once per window of ``sample_window_s`` holding ``min_samples`` round trips sets
+* :class:`GradientLimit` (pure; time from the clock it is given): the concurrency limit. It starts at
+  ``max_in_flight``; once a request finds it full, it measures, as Envoy's adaptive-concurrency filter does, the
+  minimum round trip ``min_rtt`` (the median of ``admission.min_rtt_samples`` round trips of requests admitted while the
+  limit is held at ``min_limit``; again every ``min_rtt_interval_s`` when the limit was reached meanwhile), then once per window of ``sample_window_s`` holding ``min_samples`` round trips sets
   ``limit = limit x gradient + sqrt(limit)`` with ``gradient = min_rtt x (1 + rtt_tolerance) / median round trip``,
   the gradient clamped to [0.5, 2] and the limit to [``min_limit``, ``max_in_flight``]. A round trip runs from
   admission to the answer; only requests answered OK are samples. With ``adaptive: false`` the limit is
@@ -47,6 +47,9 @@ _MAX_GRADIENT: Final = 2.0
 
 class Phase(enum.Enum):
     FIXED = "fixed"  # adaptive off: the limit is max_in_flight
+    UNMEASURED = (
+        "unmeasured"  # no request has found the limit full yet: the limit is max_in_flight, nothing measured
+    )
     MEASURING = "measuring"  # the limit is held at min_limit while min_rtt is measured
     ADAPTING = "adapting"  # the limit follows the gradient, once per sample window
 
@@ -76,9 +79,8 @@ class GradientLimit:
         self._since = 0.0  # MEASURING: only requests admitted from this time on are samples
         self._window_end = 0.0
         self._next_measure = 0.0
-        self.phase = Phase.FIXED
-        if self._s is not None:
-            self._measure(clock())
+        self._contended = False  # a request found no free slot since min_rtt was last measured
+        self.phase = Phase.FIXED if self._s is None else Phase.UNMEASURED
 
     @property
     def limit(self) -> int:
@@ -89,8 +91,12 @@ class GradientLimit:
         return self.in_flight < int(self._limit)
 
     def try_acquire(self) -> bool:
-        """Take a slot if one is free (True), else leave everything as it is (False)."""
+        """Take a slot if one is free (True); else note the contention (False). The first contention starts the
+        first measurement of ``min_rtt``: a gateway that never ran out of slots never holds its limit down."""
         if self.in_flight >= int(self._limit):
+            self._contended = True
+            if self.phase is Phase.UNMEASURED:
+                self._measure(self._clock())
             return False
         self.in_flight += 1
         return True
@@ -110,6 +116,8 @@ class GradientLimit:
     def _sample(self, admitted_at: float, now: float) -> None:
         s = self._s
         assert s is not None
+        if self.phase is Phase.UNMEASURED:
+            return
         if self.phase is Phase.MEASURING:
             if (
                 admitted_at < self._since
@@ -120,6 +128,7 @@ class GradientLimit:
                 self.min_rtt = statistics.median(self._samples)
                 self._samples = []
                 self.phase = Phase.ADAPTING
+                self._contended = False
                 self._limit = self._resume
                 self._window_end = now + s.sample_window_s
                 self._next_measure = now + s.min_rtt_interval_s
@@ -131,7 +140,7 @@ class GradientLimit:
         self._samples = []
         self._window_end = now + s.sample_window_s
         self._limit = self.next_limit(self._limit, rtt)
-        if now >= self._next_measure:
+        if now >= self._next_measure and self._contended:  # without contention the limit does not matter
             self._resume = self._limit
             self._measure(now)
 

@@ -43,8 +43,18 @@ def _round_trip(lim: GradientLimit, clock: Clock, rtt: float) -> None:
     lim.release(start)
 
 
+def _contend(lim: GradientLimit) -> None:
+    """Take every free slot, find the limit full once, give the slots back (failures: no samples)."""
+    taken = 0
+    while lim.try_acquire():
+        taken += 1
+    for _ in range(taken):
+        lim.release(None)
+
+
 def _measured(clock: Clock, rtt: float = 0.01, max_limit: int = 100, **kw: object) -> GradientLimit:
     lim = GradientLimit(max_limit, _settings(**kw), clock)
+    _contend(lim)
     for _ in range(lim._s.min_rtt_samples if lim._s else 0):
         _round_trip(lim, clock, rtt)
     assert lim.phase is Phase.ADAPTING
@@ -60,9 +70,19 @@ def test_fixed_limit_is_max_in_flight() -> None:
     assert GradientLimit(5).limit == 5  # no settings: fixed as well
 
 
-def test_min_rtt_is_measured_at_min_limit_first() -> None:
+def test_nothing_is_held_down_until_the_limit_is_reached() -> None:
     clock = Clock()
     lim = GradientLimit(100, _settings(), clock)
+    assert lim.phase is Phase.UNMEASURED and lim.limit == 100
+    for _ in range(50):  # slow answers, but never more in flight than allowed: no measurement, no change
+        _round_trip(lim, clock, 2.0)
+    assert lim.phase is Phase.UNMEASURED and lim.limit == 100 and lim.min_rtt is None
+
+
+def test_min_rtt_is_measured_at_min_limit_once_the_limit_is_reached() -> None:
+    clock = Clock()
+    lim = GradientLimit(100, _settings(), clock)
+    _contend(lim)
     assert lim.phase is Phase.MEASURING and lim.limit == 2
     for rtt in (0.01, 0.03, 0.02, 0.5):
         _round_trip(lim, clock, rtt)
@@ -72,11 +92,14 @@ def test_min_rtt_is_measured_at_min_limit_first() -> None:
 
 def test_requests_admitted_before_a_measurement_are_no_samples() -> None:
     clock = Clock()
-    early = clock.now - 5.0  # admitted before the limit was pinned: a loaded round trip
-    lim = GradientLimit(100, _settings(), clock)
-    lim.in_flight = 10
+    lim = GradientLimit(10, _settings(), clock)
     for _ in range(10):
-        lim.release(early)
+        assert lim.try_acquire()
+    clock.now += 5.0
+    assert not lim.try_acquire()  # the 11th: the measurement starts now
+    assert lim.phase is Phase.MEASURING
+    for _ in range(10):  # admitted 5 s ago under the full limit: loaded round trips, not samples
+        lim.release(clock.now - 5.0)
     assert lim.phase is Phase.MEASURING and lim.min_rtt is None and lim.in_flight == 0
     for _ in range(10):  # failures are never samples either
         assert lim.try_acquire()
@@ -134,9 +157,16 @@ def test_limit_converges_near_what_a_saturated_server_can_serve() -> None:
     assert max(settled) / capacity <= base * 3
 
 
-def test_limit_is_measured_again_after_the_interval() -> None:
+def test_limit_is_measured_again_after_the_interval_when_it_was_reached() -> None:
     clock = Clock()
     lim = _measured(clock, rtt=0.01, min_rtt_interval_s=5.0)
+    clock.now += 6.0
+    for _ in range(
+        4
+    ):  # a window closes after the interval, but the limit was never reached: no new measurement
+        _round_trip(lim, clock, 0.01)
+    assert lim.phase is Phase.ADAPTING
+    _contend(lim)
     clock.now += 6.0
     for _ in range(4):
         _round_trip(lim, clock, 0.01)
@@ -220,7 +250,13 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_holds_no_slot() -> None:
 async def test_adaptive_admission_reports_its_limit() -> None:
     metrics = Metrics()
     clock = Clock()
-    adm = Admission(64, 429, 1, _settings(min_limit=3), metrics, clock)
+    adm = Admission(64, 429, 1, _settings(min_limit=3, max_queue=0), metrics, clock)
+    assert adm.limit == 64 and metrics.registry.get_sample_value("embedgate_admission_limit") == 64
+    held = [await adm.admit() for _ in range(64)]
+    with pytest.raises(ResourceExhausted, match="concurrency limit of 3 "):  # full: the measurement starts
+        await adm.admit()
+    for _ in held:
+        adm.release(None)
     assert adm.limit == 3 and metrics.registry.get_sample_value("embedgate_admission_limit") == 3
     for _ in range(4):
         start = await adm.admit()

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 _WAIT_S = 60.0  # bound of every wait (never reached when the gateway behaves)
 _BURST = 12
-_LIMIT = 2  # admission.min_limit: the limit while the first minimum round trip is measured
+_LIMIT = 2  # max_in_flight (and admission.min_limit): the adaptive limit stays at 2
 _QUEUE = 3  # admission.max_queue
 _METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
 
@@ -53,7 +53,7 @@ def _config(tmp_path: Path, target: str, grpc_port: int) -> Path:
             {"kind": "passthrough", "name": "m2", "target": target},
         ],
         "grpc_port": grpc_port,
-        "max_in_flight": 8,
+        "max_in_flight": _LIMIT,
         "retry_after_s": 2,
         "admission": {"min_limit": _LIMIT, "max_queue": _QUEUE, "queue_timeout_s": 0.5},
     }
@@ -128,7 +128,7 @@ def test_a_burst_over_the_limit_is_shed_with_clear_answers_and_counted(tmp_path:
                 at_once = [e for e in errors if "Too many requests in flight" in e]
                 timed_out = [e for e in errors if "admission.queue_timeout_s" in e]
                 assert len(at_once) == _BURST - _LIMIT - _QUEUE and len(timed_out) == _QUEUE, errors
-                assert all("concurrency limit of 2 (max_in_flight=8), 3 waiting" in e for e in at_once), (
+                assert all("concurrency limit of 2 (max_in_flight=2), 3 waiting" in e for e in at_once), (
                     at_once
                 )
 
@@ -149,7 +149,7 @@ def test_a_burst_over_the_limit_is_shed_with_clear_answers_and_counted(tmp_path:
                 isinstance(c, tuple) and c[0] == grpc.StatusCode.RESOURCE_EXHAUSTED for c in refused
             ), refused
             assert all(
-                "retry later" in c[1] and "max_in_flight=8" in c[1] for c in refused if isinstance(c, tuple)
+                "retry later" in c[1] and "max_in_flight=2" in c[1] for c in refused if isinstance(c, tuple)
             )
             # counted by reason, both fronts together; the wait of every queued request observed
             assert _metric(gw, "embedgate_admission_shed_total", 'reason="queue_full"') == 2 * (
