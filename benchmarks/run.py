@@ -1,11 +1,12 @@
 """Run every benchmark one after another (``make bench``): export, gateway, updater, serving (gateway vs whole model),
-gateway workers, probe stall.
+gateway workers, probe stall, hostile clients.
 
     .venv/bin/python -m benchmarks.run [--only NAME ...]
 
 Each benchmark runs as ``python -m benchmarks.<name> <args>`` in its own subprocess with the arguments below (its
 defaults, or modest ones: the whole run took about 16 minutes on 2 cores, 9 of them serving_bench), its output
-passed through, and a time limit. The ones given ``--write docs/benchmarks.md`` rewrite their tables there. Exits
+passed through, and a time limit. The ones given ``--write docs/benchmarks.md`` rewrite their tables there (``hostile``:
+docs/security.md). Exits
 non-zero if any benchmark fails or times out; the others still run.
 """
 
@@ -42,6 +43,8 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
         ["--instances", "170000", "--runs", "3", "--write", "docs/benchmarks.md"],
         600.0,
     ),
+    # hostile clients, one class at a time, against a whole stack; its table goes to docs/security.md
+    "hostile": (["--write", "docs/security.md"], 900.0),
 }
 
 

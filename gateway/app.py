@@ -17,9 +17,10 @@ import uuid
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.admission import Admission
 from gateway.auth import Authenticator, exposure_problem
 from gateway.codec.json_tensor import error_body
-from gateway.lifespan import InFlightLimiter, Runtime, lifespan
+from gateway.lifespan import Runtime, lifespan
 from gateway.limits import BufferedBytes
 from gateway.logs import REQUEST_ID
 from gateway.metrics import Metrics
@@ -127,11 +128,18 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         else:
             targets.add(m.target)
     tokens = settings.auth.tokens_file
+    metrics = Metrics()
     runtime = Runtime(
         settings=settings,
         manifests=manifests,
-        metrics=Metrics(),
-        limiter=InFlightLimiter(settings.max_in_flight, settings.overload_status, settings.retry_after_s),
+        metrics=metrics,
+        limiter=Admission(
+            settings.max_in_flight,
+            settings.overload_status,
+            settings.retry_after_s,
+            settings.admission,
+            metrics,
+        ),
         buffered=BufferedBytes(settings.limits.max_buffered_bytes, settings.retry_after_s),
         auth=Authenticator(tokens) if tokens is not None else None,
         model_names=frozenset(m.name for m in settings.models),

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING
 import grpc
 from fastapi import FastAPI
 
+from gateway.admission import Admission
 from gateway.auth import Authenticator
 from gateway.backends.channels import channel_credentials, open_channel
 from gateway.backends.client import BackendClient, ReplicaSet
 from gateway.core import EmbeddingServable, Gateway, MetadataCache, PassthroughServable, Servable
 from gateway.core.manifests import ManifestStore, manifest_file
 from gateway.core.positions import PositionTracker
-from gateway.errors import GatewayError, ResourceExhausted, Unavailable
+from gateway.errors import GatewayError
 from gateway.limits import BufferedBytes, ParsePool
 from gateway.metrics import Metrics
 from gateway.readiness import PROBE_TIMEOUT_S, Readiness, poll_readiness
@@ -42,24 +43,12 @@ __all__ = ["Call", "InFlightLimiter", "Runtime", "lifespan"]
 log = logging.getLogger("embedgate.gateway")
 
 
-class InFlightLimiter:
-    """At most ``limit`` requests at once; beyond that requests are refused at once (never queued)."""
+class InFlightLimiter(Admission):
+    """At most ``limit`` requests at once; beyond that requests are refused at once (never queued): an
+    :class:`~gateway.admission.Admission` with a fixed limit and no queue."""
 
     def __init__(self, limit: int, status: int, retry_after: int) -> None:
-        self.limit = limit
-        self.current = 0
-        self._status = status
-        self._retry_after = retry_after
-
-    def acquire(self) -> None:
-        if self.current >= self.limit:
-            msg = f"Too many requests in flight (max_in_flight={self.limit}); retry later"
-            err_cls = ResourceExhausted if self._status == 429 else Unavailable
-            raise err_cls(msg, retry_after=self._retry_after)
-        self.current += 1
-
-    def release(self) -> None:
-        self.current -= 1
+        super().__init__(limit, status, retry_after)
 
 
 @dataclass
@@ -73,7 +62,8 @@ class Call:
         None  # why the answer is marked degraded: reasons, comma-separated (each counted when the outcome is OK)
     )
     admitted: bool = False  # holds a max_in_flight slot
-    _limiter: InFlightLimiter | None = field(default=None, repr=False)
+    _admitted_at: float = 0.0  # admission clock when the slot was taken
+    _limiter: Admission | None = field(default=None, repr=False)
     _metrics: Metrics | None = field(default=None, repr=False)
 
     def admit(self) -> None:
@@ -81,7 +71,19 @@ class Call:
         if self.admitted or self._limiter is None or self._metrics is None:
             return
         try:
-            self._limiter.acquire()
+            self._admitted_at = self._limiter.acquire()
+        except GatewayError:
+            self._metrics.rejected.inc()
+            raise
+        self.admitted = True
+        self._metrics.in_flight.inc()
+
+    async def admit_queued(self) -> None:
+        """:meth:`admit`, waiting for a slot in the admission queue when none is free (``admission``)."""
+        if self.admitted or self._limiter is None or self._metrics is None:
+            return
+        try:
+            self._admitted_at = await self._limiter.admit()
         except GatewayError:
             self._metrics.rejected.inc()
             raise
@@ -96,7 +98,7 @@ class Runtime:
     settings: GatewaySettings
     manifests: dict[str, Manifest]
     metrics: Metrics
-    limiter: InFlightLimiter
+    limiter: Admission
     buffered: BufferedBytes = field(
         default_factory=lambda: BufferedBytes(256 * 1024 * 1024, 1)
     )  # bodies held
@@ -141,8 +143,8 @@ class Runtime:
             outcome = "CANCELLED"
             raise
         finally:
-            if call.admitted:
-                self.limiter.release()
+            if call.admitted:  # an OK answer's round trip is a sample of the adaptive limit
+                self.limiter.release(call._admitted_at if outcome == "OK" else None)
                 self.metrics.in_flight.dec()
             label = call.model if call.model in self.model_names else "_other"
             self.metrics.requests.labels(label, call.version, call.api, outcome).inc()

@@ -74,6 +74,31 @@ class Metrics:
             "bytes of gRPC request messages read (a call refused before its message is read adds nothing)",
             registry=r,
         )
+        self.admission_shed = Counter(
+            "embedgate_admission_shed",
+            "requests (REST and gRPC) refused by admission control, by reason: queue_full (at the limit with the "
+            "wait queue full or off), queue_timeout (waited admission.queue_timeout_s)",
+            ["reason"],
+            registry=r,
+        )
+        self.admission_wait = Histogram(
+            "embedgate_admission_queue_wait_seconds",
+            "time requests that found no free slot spent in the admission queue (admitted or shed)",
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.admission_limit = Gauge(
+            "embedgate_admission_limit",
+            "current concurrency limit of admission control (adaptive, at most max_in_flight)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.admission_min_rtt = Gauge(
+            "embedgate_admission_min_rtt_seconds",
+            "last measured minimum round trip of an admitted request (the adaptive limit's baseline)",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.client_disconnects = Counter(
             "embedgate_client_disconnects",
             "REST requests whose client disconnected before its body was read (outcome CANCELLED, not an error)",

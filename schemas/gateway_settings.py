@@ -20,6 +20,7 @@ from schemas.deployment import DeployedModel, EmbeddingModel
 from schemas.tls import BackendTLS, ServerTLS
 
 __all__ = [
+    "AdmissionSettings",
     "AuthSettings",
     "GatewaySettings",
     "GrpcSettings",
@@ -107,6 +108,48 @@ class LimitsSettings(_Strict):
     )
 
 
+class AdmissionSettings(_Strict):
+    """Admission control of both fronts (docs/gateway.md "Overload"): an adaptive concurrency limit under
+    ``max_in_flight`` and a short wait queue bounded in length and in time. What cannot be admitted is answered at
+    once with ``overload_status`` (429 / RESOURCE_EXHAUSTED)."""
+
+    adaptive: bool = Field(
+        True,
+        description="adapt the concurrency limit to the measured latency (gradient on the minimum round trip); "
+        "false: the limit is max_in_flight",
+    )
+    min_limit: int = Field(
+        4, ge=1, description="the adaptive limit never goes below this (nor above max_in_flight)"
+    )
+    queue_timeout_s: float = Field(
+        0.1,
+        ge=0,
+        le=60,
+        description="a request may wait this long for a slot; it is shed after (0: no queue, refused at once)",
+    )
+    max_queue: int = Field(
+        64, ge=0, description="requests waiting for a slot at once; more are refused at once"
+    )
+    sample_window_s: float = Field(
+        0.25, gt=0, le=60, description="the limit is recomputed from the round trips of each window this long"
+    )
+    min_samples: int = Field(16, ge=1, description="a window closes only once it holds this many round trips")
+    rtt_tolerance: float = Field(
+        0.5,
+        ge=0,
+        le=10,
+        description="round trips up to (1 + rtt_tolerance) x the minimum count as unloaded (the limit grows)",
+    )
+    min_rtt_interval_s: float = Field(
+        30.0,
+        gt=0,
+        description="how often the minimum round trip is measured again (the limit is held at min_limit meanwhile)",
+    )
+    min_rtt_samples: int = Field(
+        24, ge=1, description="round trips at min_limit whose median is the minimum round trip"
+    )
+
+
 class AuthSettings(_Strict):
     tokens_file: Path | None = Field(
         None, description="bearer tokens, one per line: `<token> [model,model...]` (docs/security.md)"
@@ -179,6 +222,7 @@ class GatewaySettings(EnvOverFile):
     docs: bool = Field(True, description="serve OpenAPI at /docs and /openapi.json")
     limits: LimitsSettings = LimitsSettings()
     auth: AuthSettings = AuthSettings()
+    admission: AdmissionSettings = AdmissionSettings()
     ops_port: int | None = Field(
         None,
         ge=0,

@@ -166,7 +166,7 @@ class _Servicer:
                 authorization = _authorization(context)
                 if rt.auth is not None:  # the same bearer tokens as REST, from the `authorization` metadata
                     rt.auth.check(authorization, None)  # several values: refused
-                call.admit()
+                await call.admit_queued()
                 raw = await self._read(context, held)
                 with request_scope(rt.settings.limits, rt.executor, len(raw), rt.procs):
                     parsed = await self._parse(kind, raw)

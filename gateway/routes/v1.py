@@ -204,13 +204,13 @@ async def _serve(
     headers: dict[str, str] = {}
     if call.api in _VERBS:
         raw = await _read(request, rt, held)
-        call.admit()  # only now: a slow sender holds no slot
+        await call.admit_queued()  # only now: a slow sender holds no slot
         with request_scope(rt.settings.limits, rt.executor, len(raw), rt.procs):
             body, version, call.degraded = await _post(gw, call.api, name, spec, raw, deadline)
         if call.degraded is not None:
             headers[DEGRADED_HEADER] = call.degraded
     else:
-        call.admit()
+        await call.admit_queued()
         if call.api == "metadata":
             meta = await gw.handle(MetadataRequest(name, spec), deadline)
             body, version = metadata_json(name, meta), meta.version

@@ -40,6 +40,7 @@ SURFACE = {
     "gateway.codec.tensor": ["NP_DTYPES", "dtype_for", "from_ndarray", "to_ndarray"],
     "gateway.lifespan": ["Call", "InFlightLimiter", "Runtime", "lifespan"],
     "schemas.gateway_settings": [
+        "AdmissionSettings",
         "AuthSettings",
         "GatewaySettings",
         "GrpcSettings",
@@ -48,6 +49,7 @@ SURFACE = {
         "is_loopback",
         "load_settings",
     ],
+    "gateway.admission": ["Admission", "GradientLimit", "Phase"],
     "gateway.auth": ["Authenticator", "TokenEntry", "exposure_problem", "parse_tokens"],
     "gateway.limits": [
         "BufferedBytes",

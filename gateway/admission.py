@@ -1,0 +1,270 @@
+"""Admission control of both fronts: an adaptive concurrency limit and a short wait queue bounded in length and time.
+
+Why: a gateway process does its work on one event loop. Past the number of requests the loop (and the backends) can
+serve at once, admitting more only makes each one slower (they share the CPU): latency grows with the number in
+flight, clients time out, work is done for nobody and goodput collapses. Admission keeps the number in flight near what
+the process can serve and refuses the rest at once, cheaply (before the body is parsed), so a refused client learns it
+in milliseconds and an admitted one is served at the unloaded speed.
+
+* :class:`GradientLimit` (pure; time from the clock it is given): the concurrency limit. It starts at
+  ``max_in_flight``; once a request finds it full, it measures, as Envoy's adaptive-concurrency filter does, the
+  minimum round trip ``min_rtt`` (the median of ``admission.min_rtt_samples`` round trips of requests admitted while the
+  limit is held at ``min_limit``; again every ``min_rtt_interval_s`` when the limit was reached meanwhile), then once per window of ``sample_window_s`` holding ``min_samples`` round trips sets
+  ``limit = limit x gradient + sqrt(limit)`` with ``gradient = min_rtt x (1 + rtt_tolerance) / median round trip``,
+  the gradient clamped to [0.5, 2] and the limit to [``min_limit``, ``max_in_flight``]. A round trip runs from
+  admission to the answer; only requests answered OK are samples. With ``adaptive: false`` the limit is
+  ``max_in_flight``.
+* :class:`Admission` (one event loop, not thread-safe): admits while fewer than ``limit`` are in flight; otherwise a
+  request waits in a FIFO queue of at most ``max_queue`` requests for at most ``queue_timeout_s``. A request that finds
+  the queue full is refused at once (reason ``queue_full``), one that waited the whole budget is shed
+  (``queue_timeout``). Refusals are ``ResourceExhausted`` (HTTP 429, gRPC RESOURCE_EXHAUSTED) or ``Unavailable``
+  (``overload_status: 503``), with ``Retry-After``; each is counted in ``embedgate_admission_shed_total{reason}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+from gateway.errors import GatewayError, ResourceExhausted, Unavailable
+from schemas.gateway_settings import AdmissionSettings
+
+if TYPE_CHECKING:
+    from gateway.metrics import Metrics
+
+__all__ = ["Admission", "GradientLimit", "Phase"]
+
+_MIN_GRADIENT: Final = 0.5
+_MAX_GRADIENT: Final = 2.0
+
+
+class Phase(enum.Enum):
+    FIXED = "fixed"  # adaptive off: the limit is max_in_flight
+    UNMEASURED = (
+        "unmeasured"  # no request has found the limit full yet: the limit is max_in_flight, nothing measured
+    )
+    MEASURING = "measuring"  # the limit is held at min_limit while min_rtt is measured
+    ADAPTING = "adapting"  # the limit follows the gradient, once per sample window
+
+
+class GradientLimit:
+    """The concurrency limit and the count in flight (pure policy; ``clock()`` gives seconds, monotonic).
+
+    :meth:`try_acquire` takes a slot when one is free; :meth:`release` gives it back with the request's admission time
+    (``None``: not a sample, e.g. a failed request). Time only moves through ``clock``, so tests drive it by hand.
+    """
+
+    def __init__(
+        self,
+        max_limit: int,
+        settings: AdmissionSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_limit = max_limit
+        self.in_flight = 0
+        self.min_rtt: float | None = None  # seconds; None until first measured
+        self._clock = clock
+        self._s = settings if settings is not None and settings.adaptive else None
+        self.min_limit = min(self._s.min_limit, max_limit) if self._s is not None else max_limit
+        self._limit = float(max_limit)
+        self._resume = float(max_limit)  # the limit to go back to after a measurement
+        self._samples: list[float] = []
+        self._since = 0.0  # MEASURING: only requests admitted from this time on are samples
+        self._window_end = 0.0
+        self._next_measure = 0.0
+        self._contended = False  # a request found no free slot since min_rtt was last measured
+        self.phase = Phase.FIXED if self._s is None else Phase.UNMEASURED
+
+    @property
+    def limit(self) -> int:
+        """Requests that may be in flight now."""
+        return int(self._limit)
+
+    def has_room(self) -> bool:
+        return self.in_flight < int(self._limit)
+
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free (True); else note the contention (False). The first contention starts the
+        first measurement of ``min_rtt``: a gateway that never ran out of slots never holds its limit down."""
+        if self.in_flight >= int(self._limit):
+            self._contended = True
+            if self.phase is Phase.UNMEASURED:
+                self._measure(self._clock())
+            return False
+        self.in_flight += 1
+        return True
+
+    def release(self, admitted_at: float | None) -> None:
+        """Give a slot back; ``admitted_at`` (the clock when it was taken) makes its round trip a sample."""
+        self.in_flight -= 1
+        if admitted_at is not None and self._s is not None:
+            self._sample(admitted_at, self._clock())
+
+    def _measure(self, now: float) -> None:
+        self.phase = Phase.MEASURING
+        self._limit = float(self.min_limit)
+        self._samples = []
+        self._since = now
+
+    def _sample(self, admitted_at: float, now: float) -> None:
+        s = self._s
+        assert s is not None
+        if self.phase is Phase.UNMEASURED:
+            return
+        if self.phase is Phase.MEASURING:
+            if (
+                admitted_at < self._since
+            ):  # admitted under the previous, higher limit: not an unloaded round trip
+                return
+            self._samples.append(now - admitted_at)
+            if len(self._samples) >= s.min_rtt_samples:
+                self.min_rtt = statistics.median(self._samples)
+                self._samples = []
+                self.phase = Phase.ADAPTING
+                self._contended = False
+                self._limit = self._resume
+                self._window_end = now + s.sample_window_s
+                self._next_measure = now + s.min_rtt_interval_s
+            return
+        self._samples.append(now - admitted_at)
+        if now < self._window_end or len(self._samples) < s.min_samples:
+            return
+        rtt = statistics.median(self._samples)
+        self._samples = []
+        self._window_end = now + s.sample_window_s
+        self._limit = self.next_limit(self._limit, rtt)
+        if now >= self._next_measure and self._contended:  # without contention the limit does not matter
+            self._resume = self._limit
+            self._measure(now)
+
+    def next_limit(self, limit: float, rtt: float) -> float:
+        """The limit after a window whose median round trip was ``rtt`` seconds (the gradient rule above)."""
+        assert self._s is not None and self.min_rtt is not None
+        target = self.min_rtt * (1.0 + self._s.rtt_tolerance)
+        gradient = _MAX_GRADIENT if rtt <= 0 else min(_MAX_GRADIENT, max(_MIN_GRADIENT, target / rtt))
+        new = limit * gradient + math.sqrt(limit)
+        return min(float(self.max_limit), max(float(self.min_limit), new))
+
+
+class Admission:
+    """Admission of the requests of one app (REST and gRPC share it). One event loop; see the module docstring.
+
+    ``settings`` None: a fixed limit of ``max_in_flight`` and no queue (refused at once). ``metrics`` receives the shed
+    count by reason, the queue wait and the current limit.
+    """
+
+    def __init__(
+        self,
+        max_in_flight: int,
+        status: int,
+        retry_after: int,
+        settings: AdmissionSettings | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = GradientLimit(max_in_flight, settings, clock)
+        self.max_in_flight = max_in_flight
+        self._queue_timeout = settings.queue_timeout_s if settings is not None else 0.0
+        self._max_queue = settings.max_queue if settings is not None else 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._status = status
+        self._retry_after = retry_after
+        self._metrics = metrics
+        self._clock = clock
+        self._shown_limit = -1
+        self._show_limit()
+
+    @property
+    def current(self) -> int:
+        """Requests admitted and not yet released."""
+        return self.policy.in_flight
+
+    @property
+    def limit(self) -> int:
+        return self.policy.limit
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def acquire(self) -> float:
+        """Admit now or raise (never waits); returns the admission time (the clock's)."""
+        if self._waiters or not self.policy.try_acquire():
+            raise self._shed("queue_full")
+        return self._clock()
+
+    async def admit(self) -> float:
+        """Admit now, or after waiting in the queue (at most ``queue_timeout_s``); returns the admission time.
+
+        Raises ResourceExhausted / Unavailable when refused. Cancelled while waiting: leaves the queue (or gives back a
+        slot it was just handed) and re-raises."""
+        if not self._waiters and self.policy.try_acquire():
+            return self._clock()
+        if self._queue_timeout <= 0 or len(self._waiters) >= self._max_queue:
+            raise self._shed("queue_full")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        start = self._clock()
+        try:
+            await asyncio.wait((fut,), timeout=self._queue_timeout)
+        except BaseException:
+            if fut.done() and not fut.cancelled():  # handed a slot just as it was cancelled
+                self.release(None)
+            else:
+                self._drop(fut)
+            raise
+        finally:
+            if self._metrics is not None:
+                self._metrics.admission_wait.observe(self._clock() - start)
+        if fut.done():
+            return self._clock()
+        self._drop(fut)
+        raise self._shed("queue_timeout")
+
+    def release(self, admitted_at: float | None) -> None:
+        """Give a slot back (``admitted_at``: a round-trip sample, see :meth:`GradientLimit.release`); the oldest
+        waiters get the slots now free."""
+        self.policy.release(admitted_at)
+        while self._waiters and self.policy.has_room():
+            fut = self._waiters.popleft()
+            if not fut.done() and self.policy.try_acquire():
+                fut.set_result(None)
+        self._show_limit()
+
+    def _drop(self, fut: asyncio.Future[None]) -> None:
+        fut.cancel()
+        with contextlib.suppress(ValueError):  # already taken off by release()
+            self._waiters.remove(fut)
+
+    def _show_limit(self) -> None:
+        if self._metrics is not None and self.policy.limit != self._shown_limit:
+            self._shown_limit = self.policy.limit
+            self._metrics.admission_limit.set(self._shown_limit)
+            if self.policy.min_rtt is not None:
+                self._metrics.admission_min_rtt.set(self.policy.min_rtt)
+
+    def _shed(self, reason: str) -> GatewayError:
+        if self._metrics is not None:
+            self._metrics.admission_shed.labels(reason).inc()
+        p = self.policy
+        if reason == "queue_timeout":
+            msg = (
+                f"Overloaded: no request slot became free within {self._queue_timeout:g} s "
+                f"(admission.queue_timeout_s; concurrency limit {p.limit}, max_in_flight={self.max_in_flight}); "
+                "retry later"
+            )
+        else:
+            msg = (
+                f"Too many requests in flight: {p.in_flight} at the concurrency limit of {p.limit} "
+                f"(max_in_flight={self.max_in_flight}), {len(self._waiters)} waiting (admission.max_queue); "
+                "retry later"
+            )
+        err_cls = ResourceExhausted if self._status == 429 else Unavailable
+        return err_cls(msg, retry_after=self._retry_after)

@@ -1,0 +1,76 @@
+"""benchmarks.hostile: verdicts, the overload row, the Markdown table and its section, the gzip bomb (pure parts)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from benchmarks import hostile
+from benchmarks.hostile import BEGIN, END, ClassResult, gzip_bomb, overload_result, table, verdict
+from benchmarks.report import write_section
+
+
+def test_verdict_names_each_missed_target() -> None:
+    ok = ClassResult("shape_bombs", "gRPC", 12, internal_unknown=0, healthz_ms=40.0)
+    assert verdict(ok) == []
+    bad = ClassResult(
+        "x", "REST", 10, five_xx=2, internal_unknown=3, healthz_ms=3400.0, problems=["updater died"]
+    )
+    assert verdict(bad) == ["updater died", "/healthz 3400 ms", "2 5xx", "3 INTERNAL/UNKNOWN"]
+    edge = ClassResult("x", "REST", 1, five_xx=0, healthz_ms=hostile.HEALTHZ_MS)
+    assert verdict(edge) == []  # the targets are inclusive
+
+
+def test_overload_row_from_per_request_outcomes() -> None:
+    # 10 s of offered load against a capacity of 100/s: 850 OK, 2000 shed, 3 errors
+    codes = ["OK"] * 850 + ["SHED"] * 2000 + ["500", "500", "timeout"]
+    lat = [200.0] * 840 + [1500.0] * 10 + [2.0] * 1500 + [30.0] * 500 + [1.0, 1.0, 10_000.0]
+    r = overload_result("overload_3x", "REST", codes, lat, 10.0, 100.0)
+    assert r.goodput == pytest.approx(0.85)
+    assert r.shed_p50_ms == pytest.approx(2.0)
+    assert r.ok_p99_ms is not None and 200 < r.ok_p99_ms <= 1500
+    assert r.five_xx == 2 and r.internal_unknown is None
+    assert verdict(r) == ["2 5xx", f"accepted p99 {r.ok_p99_ms:.0f} ms"]
+    assert "850 OK, 2,000 shed, 2 500, 1 timeout" in r.outcome
+
+    g = overload_result(
+        "overload_1.5x", "gRPC", ["OK"] * 10 + ["INTERNAL"] + ["SHED"] * 5, [1.0] * 16, 1.0, 100.0
+    )
+    assert g.internal_unknown == 1 and g.five_xx is None
+    assert verdict(g) == ["1 INTERNAL/UNKNOWN", "goodput 0.10x"]
+
+
+def test_table_rows_and_targets() -> None:
+    rows = [
+        ClassResult("gzip_bombs", "REST", 20, five_xx=0, healthz_ms=4100.0, outcome="20 400 | fast"),
+        ClassResult(
+            "malformed", "gRPC", 250, internal_unknown=0, healthz_ms=30.0, outcome="250 INVALID_ARGUMENT"
+        ),
+    ]
+    text = table(rows, "header line")
+    lines = text.splitlines()
+    assert lines[0] == "header line"
+    assert "Targets:" in lines[2] and "<= 250 ms" in lines[2] and "goodput >= 0.8x" in lines[2]
+    assert lines[4].startswith("| class | front |")
+    assert (
+        lines[6] == "| gzip_bombs | REST | 20 | 0 | - | 4,100 ms | 20 400 / fast | missed: /healthz 4100 ms |"
+    )
+    assert lines[7] == "| malformed | gRPC | 250 | - | 0 | 30 ms | 250 INVALID_ARGUMENT | met |"
+
+
+def test_table_goes_between_its_markers(tmp_path: Path) -> None:
+    doc = tmp_path / "security.md"
+    doc.write_text(f"# Security\n\nbefore\n\n{BEGIN}\nold\n{END}\n\nafter\n")
+    write_section(doc, BEGIN, END, table([], "new header"), None)
+    text = doc.read_text()
+    assert "old" not in text and "new header" in text
+    assert text.startswith("# Security\n\nbefore\n") and text.endswith("\nafter\n")
+
+
+def test_gzip_bomb_inflates_to_the_promised_zeros() -> None:
+    chunk = 1 << 20
+    bomb = gzip_bomb(4 * chunk, chunk)
+    assert len(bomb) < 4 * chunk // 100  # a bomb: over 100x
+    assert gzip.decompress(bomb) == bytes(4 * chunk)  # a valid member: CRC and size check out

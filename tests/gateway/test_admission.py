@@ -1,0 +1,267 @@
+"""gateway.admission: the adaptive limit driven by a fake clock (pure policy), and the queue on a real event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from gateway.admission import Admission, GradientLimit, Phase
+from gateway.errors import ResourceExhausted, Unavailable
+from gateway.metrics import Metrics
+from schemas.gateway_settings import AdmissionSettings
+
+
+class Clock:
+    """A clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _settings(**kw: object) -> AdmissionSettings:
+    base: dict[str, object] = {
+        "min_limit": 2,
+        "sample_window_s": 1.0,
+        "min_samples": 4,
+        "rtt_tolerance": 0.5,
+        "min_rtt_interval_s": 100.0,
+        "min_rtt_samples": 4,
+    }
+    return AdmissionSettings(**(base | kw))  # type: ignore[arg-type]
+
+
+def _round_trip(lim: GradientLimit, clock: Clock, rtt: float) -> None:
+    """One request admitted now, answered OK ``rtt`` seconds later."""
+    assert lim.try_acquire()
+    start = clock.now
+    clock.now += rtt
+    lim.release(start)
+
+
+def _contend(lim: GradientLimit) -> None:
+    """Take every free slot, find the limit full once, give the slots back (failures: no samples)."""
+    taken = 0
+    while lim.try_acquire():
+        taken += 1
+    for _ in range(taken):
+        lim.release(None)
+
+
+def _measured(clock: Clock, rtt: float = 0.01, max_limit: int = 100, **kw: object) -> GradientLimit:
+    lim = GradientLimit(max_limit, _settings(**kw), clock)
+    _contend(lim)
+    for _ in range(lim._s.min_rtt_samples if lim._s else 0):
+        _round_trip(lim, clock, rtt)
+    assert lim.phase is Phase.ADAPTING
+    return lim
+
+
+def test_fixed_limit_is_max_in_flight() -> None:
+    lim = GradientLimit(3, AdmissionSettings(adaptive=False))
+    assert lim.phase is Phase.FIXED and lim.limit == 3
+    assert [lim.try_acquire() for _ in range(4)] == [True, True, True, False]
+    lim.release(0.0)
+    assert lim.in_flight == 2 and lim.try_acquire()
+    assert GradientLimit(5).limit == 5  # no settings: fixed as well
+
+
+def test_nothing_is_held_down_until_the_limit_is_reached() -> None:
+    clock = Clock()
+    lim = GradientLimit(100, _settings(), clock)
+    assert lim.phase is Phase.UNMEASURED and lim.limit == 100
+    for _ in range(50):  # slow answers, but never more in flight than allowed: no measurement, no change
+        _round_trip(lim, clock, 2.0)
+    assert lim.phase is Phase.UNMEASURED and lim.limit == 100 and lim.min_rtt is None
+
+
+def test_min_rtt_is_measured_at_min_limit_once_the_limit_is_reached() -> None:
+    clock = Clock()
+    lim = GradientLimit(100, _settings(), clock)
+    _contend(lim)
+    assert lim.phase is Phase.MEASURING and lim.limit == 2
+    for rtt in (0.01, 0.03, 0.02, 0.5):
+        _round_trip(lim, clock, rtt)
+    assert lim.min_rtt == pytest.approx(0.025)  # the median of the four
+    assert lim.phase is Phase.ADAPTING and lim.limit == 100  # back to where it was (max_in_flight at start)
+
+
+def test_requests_admitted_before_a_measurement_are_no_samples() -> None:
+    clock = Clock()
+    lim = GradientLimit(10, _settings(), clock)
+    for _ in range(10):
+        assert lim.try_acquire()
+    clock.now += 5.0
+    assert not lim.try_acquire()  # the 11th: the measurement starts now
+    assert lim.phase is Phase.MEASURING
+    for _ in range(10):  # admitted 5 s ago under the full limit: loaded round trips, not samples
+        lim.release(clock.now - 5.0)
+    assert lim.phase is Phase.MEASURING and lim.min_rtt is None and lim.in_flight == 0
+    for _ in range(10):  # failures are never samples either
+        assert lim.try_acquire()
+        clock.now += 0.01
+        lim.release(None)
+    assert lim.phase is Phase.MEASURING and lim.min_rtt is None
+
+
+def test_a_window_needs_its_time_and_its_samples() -> None:
+    clock = Clock()
+    lim = _measured(clock)
+    for _ in range(10):  # ten slow answers, but within one window (1 s): nothing changes yet (0.5 s pass)
+        _round_trip(lim, clock, 0.05)
+    assert lim.limit == 100
+    clock.now += 1.0
+    _round_trip(lim, clock, 0.05)  # the window is over and holds enough samples: 5x slower, the limit halves
+    assert lim.limit == int(100 * 0.5 + 10)
+
+
+def test_gradient_rule() -> None:
+    clock = Clock()
+    lim = _measured(clock, rtt=0.01)
+    # round trip at the tolerance: gradient 1, the limit grows by sqrt(limit)
+    assert lim.next_limit(16.0, 0.015) == pytest.approx(16 + 4)
+    # twice slower than tolerated: gradient 0.5
+    assert lim.next_limit(16.0, 0.03) == pytest.approx(8 + 4)
+    # far slower: the gradient stops at 0.5; far faster: at 2
+    assert lim.next_limit(16.0, 10.0) == pytest.approx(8 + 4)
+    assert lim.next_limit(16.0, 0.0001) == pytest.approx(32 + 4)
+    # bounded by min_limit and max_in_flight
+    assert lim.next_limit(1.0, 10.0) == 2
+    assert lim.next_limit(90.0, 0.001) == 100
+
+
+def test_limit_converges_near_what_a_saturated_server_can_serve() -> None:
+    """A server of ``capacity`` requests/s sharing its CPU among those in flight (round trip = max(base, n / capacity))
+    under more load than it can take: the limit settles near capacity x base latency, far below max_in_flight, so
+    admitted requests keep about the unloaded latency (within the tolerance) while the server stays busy."""
+    clock = Clock()
+    base, capacity, max_limit = 0.005, 2000.0, 1000
+    lim = _measured(clock, rtt=base, max_limit=max_limit, min_rtt_interval_s=10_000.0)
+    optimal = base * capacity  # 10 in flight keep the server busy at the unloaded latency
+    seen: list[int] = []
+    for _ in range(200):  # 200 windows of saturating load: the limit is always full
+        rtt = max(base, lim.limit / capacity)
+        for _ in range(lim._s.min_samples if lim._s else 0):
+            assert lim.try_acquire()
+            lim.release(clock.now - rtt)
+        clock.now += 1.0
+        _round_trip(lim, clock, rtt)
+        seen.append(lim.limit)
+    settled = seen[-50:]
+    assert min(settled) >= optimal  # enough in flight to keep the server busy: goodput at capacity
+    assert max(settled) <= optimal * 3  # and far from the 1000 allowed: latency stays near the unloaded one
+    assert max(settled) / capacity <= base * 3
+
+
+def test_limit_is_measured_again_after_the_interval_when_it_was_reached() -> None:
+    clock = Clock()
+    lim = _measured(clock, rtt=0.01, min_rtt_interval_s=5.0)
+    clock.now += 6.0
+    for _ in range(
+        4
+    ):  # a window closes after the interval, but the limit was never reached: no new measurement
+        _round_trip(lim, clock, 0.01)
+    assert lim.phase is Phase.ADAPTING
+    _contend(lim)
+    clock.now += 6.0
+    for _ in range(4):
+        _round_trip(lim, clock, 0.01)
+    assert lim.phase is Phase.MEASURING and lim.limit == 2
+    for _ in range(4):
+        _round_trip(lim, clock, 0.002)  # the backends got faster
+    assert lim.phase is Phase.ADAPTING and lim.min_rtt == pytest.approx(0.002)
+    assert lim.limit > 2  # back to the limit of before the measurement
+
+
+def test_min_limit_is_capped_by_max_in_flight() -> None:
+    lim = GradientLimit(1, _settings(min_limit=4))
+    assert lim.min_limit == 1 and lim.limit == 1
+
+
+# ---- the queue (one real event loop; outcomes only, no timing assertions) ---------------------------------------------
+
+
+def _shed(metrics: Metrics, reason: str) -> float:
+    return metrics.registry.get_sample_value("embedgate_admission_shed_total", {"reason": reason}) or 0.0
+
+
+async def test_queue_admits_in_order_when_slots_free() -> None:
+    metrics = Metrics()
+    adm = Admission(1, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=30, max_queue=2), metrics)
+    first = await adm.admit()
+    waiting = [asyncio.create_task(adm.admit()) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert adm.waiting == 2 and adm.current == 1
+    with pytest.raises(ResourceExhausted, match=r"concurrency limit of 1 \(max_in_flight=1\), 2 waiting"):
+        await adm.admit()  # the queue is full: refused at once
+    assert _shed(metrics, "queue_full") == 1
+    adm.release(first)
+    await waiting[0]  # FIFO: the first waiter got the slot, the second still waits
+    assert adm.waiting == 1 and not waiting[1].done() and adm.current == 1
+    adm.release(None)
+    await asyncio.gather(*waiting)
+    assert adm.current == 1 and adm.waiting == 0
+    assert metrics.registry.get_sample_value("embedgate_admission_queue_wait_seconds_count") == 2
+    assert metrics.registry.get_sample_value("embedgate_admission_limit") == 1
+
+
+async def test_queue_sheds_what_waited_too_long() -> None:
+    metrics = Metrics()
+    adm = Admission(1, 429, 3, AdmissionSettings(adaptive=False, queue_timeout_s=0.01, max_queue=8), metrics)
+    await adm.admit()  # never released: nobody behind it gets in
+    with pytest.raises(ResourceExhausted, match=r"admission.queue_timeout_s") as exc:
+        await adm.admit()
+    assert exc.value.retry_after == 3
+    assert _shed(metrics, "queue_timeout") == 1 and adm.waiting == 0 and adm.current == 1
+
+
+async def test_no_queue_refuses_at_once_with_the_overload_status() -> None:
+    adm = Admission(1, 503, 1, AdmissionSettings(adaptive=False, queue_timeout_s=0))
+    await adm.admit()
+    with pytest.raises(Unavailable, match="max_in_flight=1"):
+        await adm.admit()
+    with pytest.raises(Unavailable):
+        adm.acquire()
+
+
+async def test_a_cancelled_waiter_leaves_the_queue_and_holds_no_slot() -> None:
+    adm = Admission(1, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=30, max_queue=4))
+    first = await adm.admit()
+    task = asyncio.create_task(adm.admit())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert adm.waiting == 0
+    # a waiter handed a slot in the same step it is cancelled gives the slot back
+    task = asyncio.create_task(adm.admit())
+    await asyncio.sleep(0)
+    adm.release(first)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert adm.current == 0 and adm.waiting == 0
+
+
+async def test_adaptive_admission_reports_its_limit() -> None:
+    metrics = Metrics()
+    clock = Clock()
+    adm = Admission(64, 429, 1, _settings(min_limit=3, max_queue=0), metrics, clock)
+    assert adm.limit == 64 and metrics.registry.get_sample_value("embedgate_admission_limit") == 64
+    held = [await adm.admit() for _ in range(64)]
+    with pytest.raises(ResourceExhausted, match="concurrency limit of 3 "):  # full: the measurement starts
+        await adm.admit()
+    for _ in held:
+        adm.release(None)
+    assert adm.limit == 3 and metrics.registry.get_sample_value("embedgate_admission_limit") == 3
+    for _ in range(4):
+        start = await adm.admit()
+        clock.now += 0.01
+        adm.release(start)
+    assert adm.limit == 64
+    assert metrics.registry.get_sample_value("embedgate_admission_limit") == 64
+    assert math.isclose(metrics.registry.get_sample_value("embedgate_admission_min_rtt_seconds") or 0, 0.01)

@@ -1,0 +1,163 @@
+"""Admission control of a real gateway process driven over its limit by a bounded burst, over REST and gRPC.
+
+The backend (``tests.gateway.fake_backend``) holds GetModelMetadata until released, so the first requests admitted stay
+in flight while the rest of the burst arrives: which requests are admitted, queued and shed does not depend on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from schemas.proto import tfs_pb2
+from tests.gateway.fake_backend import FakeBackend, fake_backend
+from tests.support.gateway import GatewayProc, run_gateway
+from tests.support.ports import free_port
+
+pytestmark = pytest.mark.integration
+
+_WAIT_S = 60.0  # bound of every wait (never reached when the gateway behaves)
+_BURST = 12
+_LIMIT = 2  # max_in_flight (and admission.min_limit): the adaptive limit stays at 2
+_QUEUE = 3  # admission.max_queue
+_METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
+
+
+def _metric(gw: GatewayProc, name: str, labels: str = "") -> float:
+    total = 0.0
+    for line in httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + (("{" + labels) if labels else "")) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _wait_metric(gw: GatewayProc, name: str, labels: str, value: float) -> None:
+    deadline = time.monotonic() + _WAIT_S
+    while _metric(gw, name, labels) < value:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name}{{{labels}}} never reached {value}: {_metric(gw, name, labels)}")
+        time.sleep(0.02)
+
+
+def _config(tmp_path: Path, target: str, grpc_port: int) -> Path:
+    config: dict[str, Any] = {
+        "models": [
+            {"kind": "passthrough", "name": "m", "target": target},
+            {"kind": "passthrough", "name": "m2", "target": target},
+        ],
+        "grpc_port": grpc_port,
+        "max_in_flight": _LIMIT,
+        "retry_after_s": 2,
+        "admission": {"min_limit": _LIMIT, "max_queue": _QUEUE, "queue_timeout_s": 0.5},
+    }
+    path = tmp_path / "gateway.yaml"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+async def _rest_burst(url: str) -> list[httpx.Response]:
+    body = json.dumps({"instances": [1.0]}).encode()
+    async with httpx.AsyncClient(timeout=_WAIT_S, limits=httpx.Limits(max_connections=_BURST)) as client:
+        return list(
+            await asyncio.gather(
+                *(
+                    client.post(
+                        f"{url}/v1/models/m:predict",
+                        content=body,
+                        headers={"content-type": "application/json"},
+                    )
+                    for _ in range(_BURST)
+                )
+            )
+        )
+
+
+async def _grpc_burst(target: str) -> list[grpc.StatusCode | tuple[grpc.StatusCode, str]]:
+    """GetModelMetadata calls (a pass-through Predict over gRPC is forwarded without metadata: it would not be held)."""
+    req = tfs_pb2.GetModelMetadataRequest(
+        model_spec=tfs_pb2.ModelSpec(name="m2"), metadata_field=["signature_def"]
+    )
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = channel.unary_unary(
+            _METADATA,
+            request_serializer=tfs_pb2.GetModelMetadataRequest.SerializeToString,
+            response_deserializer=tfs_pb2.GetModelMetadataResponse.FromString,
+        )
+
+        async def one() -> grpc.StatusCode | tuple[grpc.StatusCode, str]:
+            try:
+                await call(req, timeout=_WAIT_S)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code(), exc.details() or ""
+            return grpc.StatusCode.OK
+
+        return list(await asyncio.gather(*(one() for _ in range(_BURST))))
+
+
+def _release_when_shed(backend: FakeBackend, gw: GatewayProc, shed: float) -> None:
+    """Once ``shed`` requests in all were shed (the burst has arrived), let the held requests finish."""
+    _wait_metric(gw, "embedgate_admission_shed_total", "", shed)
+    backend.release.set()
+
+
+def test_a_burst_over_the_limit_is_shed_with_clear_answers_and_counted(tmp_path: Path) -> None:
+    """2 admitted (held at the backend), 3 queued (shed after 0.5 s), 7 refused at once; REST then gRPC."""
+    shed_per_burst = _BURST - _LIMIT
+    with fake_backend() as backend:
+        backend.hold_metadata = True
+        port = free_port()
+        with run_gateway(_config(tmp_path, backend.target, port)) as gw:
+            assert _metric(gw, "embedgate_admission_limit") == _LIMIT
+            loop = asyncio.new_event_loop()
+            try:
+                burst = loop.create_task(_rest_burst(gw.url))
+                loop.run_until_complete(
+                    asyncio.gather(burst, asyncio.to_thread(_release_when_shed, backend, gw, shed_per_burst))
+                )
+                responses = burst.result()
+                assert sorted(r.status_code for r in responses) == [200] * _LIMIT + [429] * shed_per_burst
+                errors = [r.json()["error"] for r in responses if r.status_code == 429]
+                assert all(r.headers["retry-after"] == "2" for r in responses if r.status_code == 429)
+                at_once = [e for e in errors if "Too many requests in flight" in e]
+                timed_out = [e for e in errors if "admission.queue_timeout_s" in e]
+                assert len(at_once) == _BURST - _LIMIT - _QUEUE and len(timed_out) == _QUEUE, errors
+                assert all("concurrency limit of 2 (max_in_flight=2), 3 waiting" in e for e in at_once), (
+                    at_once
+                )
+
+                backend.release.clear()  # m2's metadata is not cached yet: its first calls are held again
+                burst2 = loop.create_task(_grpc_burst(f"127.0.0.1:{port}"))
+                loop.run_until_complete(
+                    asyncio.gather(
+                        burst2, asyncio.to_thread(_release_when_shed, backend, gw, 2 * shed_per_burst)
+                    )
+                )
+                codes = burst2.result()
+            finally:
+                loop.close()
+            assert codes.count(grpc.StatusCode.OK) == _LIMIT, codes
+            refused = [c for c in codes if c != grpc.StatusCode.OK]
+            assert len(refused) == shed_per_burst
+            assert all(
+                isinstance(c, tuple) and c[0] == grpc.StatusCode.RESOURCE_EXHAUSTED for c in refused
+            ), refused
+            assert all(
+                "retry later" in c[1] and "max_in_flight=2" in c[1] for c in refused if isinstance(c, tuple)
+            )
+            # counted by reason, both fronts together; the wait of every queued request observed
+            assert _metric(gw, "embedgate_admission_shed_total", 'reason="queue_full"') == 2 * (
+                _BURST - _LIMIT - _QUEUE
+            )
+            assert _metric(gw, "embedgate_admission_shed_total", 'reason="queue_timeout"') == 2 * _QUEUE
+            assert _metric(gw, "embedgate_admission_queue_wait_seconds_count") == 2 * _QUEUE
+            assert _metric(gw, "embedgate_requests_rejected_total") == 2 * shed_per_burst
+            # admitted requests after the burst still succeed
+            ok = httpx.post(f"{gw.url}/v1/models/m:predict", json={"instances": [1.0]}, timeout=_WAIT_S)
+            assert ok.status_code == 200, ok.text
