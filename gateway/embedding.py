@@ -30,6 +30,7 @@ from gateway.errors import Internal
 from gateway.features import FeatureBatch, SparseInput
 from schemas.manifest import (
     Combiner,
+    EntryInputMode,
     EntryRowDtype,
     FeatureKind,
     Manifest,
@@ -42,7 +43,7 @@ from schemas.manifest import (
 from schemas.partition import shard_for
 from schemas.wire import bfloat16_bits
 
-__all__ = ["LookupPlan", "plan_lookups", "pool", "unique_inputs"]
+__all__ = ["LookupPlan", "entry_inputs", "plan_lookups", "pool", "unique_inputs"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,6 +187,19 @@ def unique_inputs(
                 np.ones(sparse.ids.size, np.float32) if w is None else w.astype(np.float32, copy=False)
             )
     return out
+
+
+def entry_inputs(
+    plan: LookupPlan, shard_values: list[dict[str, np.ndarray]], batch: FeatureBatch, manifest: Manifest
+) -> list[tuple[str, np.ndarray]]:
+    """Every input of the entry for ``manifest.entry.input_mode``, in signature order: :func:`pool` (float32) or
+    :func:`unique_inputs`, then the dense features (float32); what :func:`schemas.wire.predict_request_for` frames."""
+    if manifest.entry.input_mode is EntryInputMode.POOLED:
+        sparse = {k: np.asarray(v, dtype=np.float32) for k, v in pool(plan, shard_values, batch, manifest).items()}
+    else:
+        sparse = unique_inputs(plan, shard_values, batch, manifest)
+    dense = [(k, np.asarray(a, dtype=np.float32)) for k, a in batch.dense.items()]
+    return [*sparse.items(), *dense]
 
 
 def _unique_rows(

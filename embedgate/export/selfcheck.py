@@ -31,6 +31,7 @@ from schemas.manifest import (
     LOOKUP_SIGNATURE,
     Combiner,
     EntryInputMode,
+    EntryRowDtype,
     FeatureKind,
     Manifest,
     lookup_ids_input,
@@ -45,6 +46,12 @@ __all__ = ["Reference", "SelfCheckError", "check_staged", "sample_instances"]
 Instances = list[dict[str, Any]]
 RTOL = 1e-3
 ATOL = 1e-4
+# (rtol, atol) per row dtype on the wire of a unique_rows entry: float16 keeps 11 significant bits, bfloat16 8
+TOLERANCE = {
+    EntryRowDtype.FLOAT32: (RTOL, ATOL),
+    EntryRowDtype.FLOAT16: (1e-2, 1e-3),
+    EntryRowDtype.BFLOAT16: (3e-2, 1e-2),
+}
 
 
 class SelfCheckError(DeclarationError):
@@ -238,9 +245,11 @@ def check_staged(
     for o in manifest.entry.outputs:
         g = np.asarray(got[o.name], np.float64)
         w = np.asarray(want[o.name], np.float64).reshape(g.shape)
-        if g.size:
-            largest = max(largest, float(np.nanmax(np.abs(g - w))) if np.isfinite(g - w).any() else 0.0)
-        if not _close(g, w):
+        diff = np.abs(g - w)
+        diff = diff[np.isfinite(diff)]  # NaN in both (equal_nan) is no error
+        if diff.size:
+            largest = max(largest, float(diff.max()))
+        if not _close(g, w, *TOLERANCE[manifest.entry.row_dtype]):
             bad.append(f"{o.name!r} (max abs diff {float(np.max(np.abs(g - w))):.4g})")
     if not bad:
         return largest
@@ -339,8 +348,10 @@ def _explain(f: Any, cand: _Candidate) -> str:
     )
 
 
-def _close(got: npt.NDArray[np.float64], want: npt.NDArray[np.float64]) -> bool:
+def _close(
+    got: npt.NDArray[np.float64], want: npt.NDArray[np.float64], rtol: float = RTOL, atol: float = ATOL
+) -> bool:
     if got.shape != want.shape:
         return False
     scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
-    return bool(np.allclose(got, want, rtol=RTOL, atol=ATOL * scale, equal_nan=True))
+    return bool(np.allclose(got, want, rtol=rtol, atol=atol * scale, equal_nan=True))

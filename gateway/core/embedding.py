@@ -33,7 +33,6 @@ from gateway.limits import offload
 from schemas.deployment import EmbeddingModel
 from schemas.manifest import (
     LOOKUP_SIGNATURE,
-    EntryInputMode,
     Manifest,
     lookup_ids_input,
     lookup_values_output,
@@ -306,15 +305,10 @@ def _entry_request_for(
     batch: FeatureBatch,
     manifest: Manifest,
 ) -> bytes:
-    """The serialized entry request for ``manifest.entry.input_mode``: pooled rows + dense (float32), or unique
-    rows (``row_dtype``) + int32 indices/splits + float32 weights + dense."""
-    from gateway.embedding import pool, unique_inputs
+    """The serialized entry request for ``manifest.entry.input_mode`` (:func:`gateway.embedding.entry_inputs`)."""
+    from gateway.embedding import entry_inputs
 
-    if manifest.entry.input_mode is EntryInputMode.POOLED:
-        return entry_request(spec, {**pool(plan, shard_values, batch, manifest), **batch.dense})
-    sparse = unique_inputs(plan, shard_values, batch, manifest)
-    dense = [(k, np.asarray(a, dtype=np.float32)) for k, a in batch.dense.items()]
-    return predict_request_for(spec, [*sparse.items(), *dense])
+    return predict_request_for(spec, entry_inputs(plan, shard_values, batch, manifest))
 
 
 def _ndarray(t: tfs_pb2.TensorProto) -> np.ndarray:
