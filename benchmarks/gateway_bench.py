@@ -78,7 +78,7 @@ async def _run(args: argparse.Namespace, demo: Any, backend_target: str, gw_url:
     import httpx
     import numpy as np
 
-    from gateway.embedding import plan_lookups, pool
+    from gateway.embedding import entry_inputs, plan_lookups
     from gateway.features import batch_from_instances
     from schemas.manifest import lookup_ids_input, lookup_values_output, ps_model_name
     from schemas.proto import tfs_pb2
@@ -116,12 +116,12 @@ async def _run(args: argparse.Namespace, demo: Any, backend_target: str, gw_url:
                 for t in manifest.tables
             }
         )
-    entry_inputs = {**pool(plan, values, batch, manifest), **batch.dense}
+    inputs = dict(entry_inputs(plan, values, batch, manifest))  # the manifest's entry input mode
     entry_req = tfs_pb2.PredictRequest()
     entry_req.model_spec.name = f"{name}_entry"
-    for k, v in entry_inputs.items():
-        entry_req.inputs[k].CopyFrom(from_ndarray(np.asarray(v, dtype=np.float32)))
-    entry_body = json.dumps({"inputs": {k: np.asarray(v).tolist() for k, v in entry_inputs.items()}}).encode()
+    for k, v in inputs.items():
+        entry_req.inputs[k].CopyFrom(from_ndarray(np.asarray(v)))
+    entry_body = json.dumps({"inputs": {k: np.asarray(v).tolist() for k, v in inputs.items()}}).encode()
 
     async def direct_embedding() -> None:
         await asyncio.gather(*(predict(r, timeout=10) for r in lookup_reqs))

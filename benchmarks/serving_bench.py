@@ -101,11 +101,12 @@ def _split_requests(instances: list[dict[str, Any]], manifest: Any, path: Path, 
     import numpy as np
 
     from benchmarks.split_client import write_requests
-    from gateway.embedding import plan_lookups, pool
+    from gateway.embedding import entry_inputs, plan_lookups
     from gateway.features import batch_from_instances
     from schemas.manifest import entry_model_name, lookup_ids_input, lookup_values_output, ps_model_name
     from schemas.proto import tfs_pb2
     from schemas.tensors import from_ndarray, to_ndarray
+    from schemas.wire import predict_request
 
     batch = batch_from_instances(instances, manifest)
     plan = plan_lookups(batch, manifest)
@@ -132,11 +133,11 @@ def _split_requests(instances: list[dict[str, Any]], manifest: Any, path: Path, 
                     for t in manifest.tables
                 }
             )
-    entry = tfs_pb2.PredictRequest()
-    entry.model_spec.name = entry_model_name(manifest.model_name)
-    for k, v in {**pool(plan, values, batch, manifest), **batch.dense}.items():
-        entry.inputs[k].CopyFrom(from_ndarray(np.asarray(v, dtype=np.float32)))
-    write_requests(path, lookups, entry.SerializeToString())
+    # the entry's inputs as the gateway builds them (pooled rows, or unique rows + indices: the manifest's mode)
+    entry = predict_request(
+        entry_model_name(manifest.model_name), "", entry_inputs(plan, values, batch, manifest)
+    )
+    write_requests(path, lookups, entry)
 
 
 def _gateway_grpc_request(instances: list[dict[str, Any]], manifest: Any) -> bytes:

@@ -5,6 +5,8 @@ Flow (the caller does the I/O in between)::
     plan = plan_lookups(batch, manifest)              # per shard: table -> unique ids (sorted), every table present
     shard_values = [lookup(shard, ids) for ...]       # per shard: table -> float32 [len(ids), dim], in plan order
     pooled = pool(plan, shard_values, batch, manifest)  # sparse feature -> float32 [batch, dim]
+    # or, for a ``unique_rows`` entry (manifest.entry.input_mode), nothing pooled in the gateway:
+    inputs = unique_inputs(plan, shard_values, batch, manifest)  # rows__<table>, index__<f>, splits__<f>, ...
 
 Ids are deduplicated per **table** across the whole batch (all examples and every feature reading that table) and
 routed with :func:`schemas.partition.shard_for`. Pooling (manifest ``Combiner``), in float32 like the exporter's
@@ -26,10 +28,22 @@ import numpy as np
 
 from gateway.errors import Internal
 from gateway.features import FeatureBatch, SparseInput
-from schemas.manifest import Combiner, FeatureKind, Manifest, SparseFeatureSpec
+from schemas.manifest import (
+    Combiner,
+    EntryInputMode,
+    EntryRowDtype,
+    FeatureKind,
+    Manifest,
+    SparseFeatureSpec,
+    entry_index_input,
+    entry_rows_input,
+    entry_splits_input,
+    entry_weights_input,
+)
 from schemas.partition import shard_for
+from schemas.wire import bfloat16_bits
 
-__all__ = ["LookupPlan", "plan_lookups", "pool"]
+__all__ = ["LookupPlan", "entry_inputs", "plan_lookups", "pool", "unique_inputs"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,11 +141,72 @@ def plan_lookups(batch: FeatureBatch, manifest: Manifest) -> LookupPlan:
 def pool(
     plan: LookupPlan, shard_values: list[dict[str, np.ndarray]], batch: FeatureBatch, manifest: Manifest
 ) -> dict[str, np.ndarray]:
-    """Combine the shards' rows into one float32 [batch.size, dim] array per sparse feature.
+    """Combine the shards' rows into one float32 [batch.size, dim] array per sparse feature (the ``pooled`` entry).
 
     ``shard_values[s][table]`` must be float32-convertible [len(plan.shard_ids[s][table]), dim]; a missing table or
     a wrong shape raises :class:`gateway.errors.Internal` naming the shard and table (a PS answer we cannot use).
     """
+    tables = _unique_rows(plan, shard_values, manifest)
+    return {
+        f.name: _combine(tables[f.table][plan._rows[f.name]], batch.sparse[f.name], f, batch.size)
+        for f in manifest.sparse_features
+    }
+
+
+def unique_inputs(
+    plan: LookupPlan, shard_values: list[dict[str, np.ndarray]], batch: FeatureBatch, manifest: Manifest
+) -> dict[str, np.ndarray]:
+    """The sparse inputs of a ``unique_rows`` entry (schemas.manifest ``EntryInputMode``), nothing pooled here.
+
+    Per table read by a feature, ``rows__<table>``: the batch's distinct rows, each once ([U, dim], the shards'
+    answers concatenated in shard order, in ``manifest.entry.row_dtype``: float32, float16, or
+    :class:`schemas.wire.Bfloat16Bits`). Per sparse feature ``index__<f>`` int32 (each id's row in its table's rows;
+    [B] single, [nnz] multi), for a multi feature ``splits__<f>`` int32 [B + 1] (the batch's row splits) and for a
+    feature with weights ``weights__<f>`` float32 like the index (1 where the client sent none). Same shape checks
+    and errors as :func:`pool`.
+    """
+    tables = _unique_rows(plan, shard_values, manifest)
+    row_dtype = manifest.entry.row_dtype
+    out: dict[str, np.ndarray] = {}
+    for name, rows in tables.items():
+        key = entry_rows_input(name)
+        if row_dtype is EntryRowDtype.BFLOAT16:
+            out[key] = bfloat16_bits(rows)
+        elif row_dtype is EntryRowDtype.FLOAT16:
+            out[key] = rows.astype(np.float16)
+        else:
+            out[key] = rows
+    for f in manifest.sparse_features:
+        sparse = batch.sparse[f.name]
+        out[entry_index_input(f.name)] = plan._rows[f.name].astype(np.int32)
+        if f.kind is FeatureKind.MULTI:
+            out[entry_splits_input(f.name)] = sparse.row_splits.astype(np.int32)
+        if f.weights:
+            w = sparse.weights
+            out[entry_weights_input(f.name)] = (
+                np.ones(sparse.ids.size, np.float32) if w is None else w.astype(np.float32, copy=False)
+            )
+    return out
+
+
+def entry_inputs(
+    plan: LookupPlan, shard_values: list[dict[str, np.ndarray]], batch: FeatureBatch, manifest: Manifest
+) -> list[tuple[str, np.ndarray]]:
+    """Every input of the entry for ``manifest.entry.input_mode``, in signature order: :func:`pool` (float32) or
+    :func:`unique_inputs`, then the dense features (float32); what :func:`schemas.wire.predict_request_for` frames."""
+    if manifest.entry.input_mode is EntryInputMode.POOLED:
+        sparse = {k: np.asarray(v, dtype=np.float32) for k, v in pool(plan, shard_values, batch, manifest).items()}
+    else:
+        sparse = unique_inputs(plan, shard_values, batch, manifest)
+    dense = [(k, np.asarray(a, dtype=np.float32)) for k, a in batch.dense.items()]
+    return [*sparse.items(), *dense]
+
+
+def _unique_rows(
+    plan: LookupPlan, shard_values: list[dict[str, np.ndarray]], manifest: Manifest
+) -> dict[str, np.ndarray]:
+    """Per table read by a sparse feature: float32 [U, dim], the shards' answers concatenated in shard order (the
+    row numbering of ``plan._rows``)."""
     num_shards = manifest.num_shards
     if len(shard_values) != num_shards or len(plan.shard_ids) != num_shards:
         raise Internal(f"expected lookup answers from {num_shards} PS shards, got {len(shard_values)}")
@@ -154,10 +229,7 @@ def pool(
                 )
             parts.append(values)
         tables[t.name] = parts[0] if num_shards == 1 else np.concatenate(parts)
-    return {
-        f.name: _combine(tables[f.table][plan._rows[f.name]], batch.sparse[f.name], f, batch.size)
-        for f in manifest.sparse_features
-    }
+    return tables
 
 
 def _combine(rows: np.ndarray, sparse: SparseInput, spec: SparseFeatureSpec, size: int) -> np.ndarray:

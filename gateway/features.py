@@ -59,6 +59,7 @@ __all__ = [
     "batch_from_input",
     "batch_from_instances",
     "client_signature",
+    "drop_padding",
     "map_lookups",
     "string_features",
 ]
@@ -188,22 +189,55 @@ def string_features(manifest: Manifest) -> frozenset[str]:
 
 
 def map_lookups(batch: FeatureBatch, manifest: Manifest) -> FeatureBatch:
-    """``batch`` with the ids of every lookup feature of ``manifest`` mapped to PS keys (vocabulary key or OOV).
+    """``batch`` with the ids of every lookup feature of ``manifest`` mapped to PS keys (vocabulary key or OOV), then
+    the padding of every ``mask_zero`` feature dropped (:func:`drop_padding`).
 
     The ids of a string feature must already be :func:`~gateway.lookup_mapping.string_key` hashes (the parsers do
-    that); a manifest without lookups returns ``batch`` itself.
+    that); a manifest without lookups or masked features returns ``batch`` itself. Every parser (JSON rows and
+    columns, tf.Example, gRPC tensors) ends here, so every path pools the same ids.
     """
     lookups = lookups_of(manifest)
-    if not lookups:
+    if lookups:
+        sparse = dict(batch.sparse)
+        for name, mapping in lookups.items():
+            s = sparse.get(name)
+            if s is not None:
+                sparse[name] = SparseInput(
+                    ids=mapping.map_keys(s.ids), row_splits=s.row_splits, weights=s.weights
+                )
+        batch = FeatureBatch(size=batch.size, sparse=sparse, dense=batch.dense)
+    return drop_padding(batch, manifest)
+
+
+def drop_padding(batch: FeatureBatch, manifest: Manifest) -> FeatureBatch:
+    """``batch`` without the id-0 entries (and their weights) of every ``mask_zero`` feature of ``manifest``.
+
+    Keras's ``Embedding(mask_zero=True)`` masks id 0 and a mask-aware pooling layer (``GlobalAveragePooling1D``, ...)
+    skips it: a client padding ``[5, 9, 13, 0, 0]`` the way Keras input is padded is pooled over ``[5, 9, 13]``.
+    Ids are PS keys here (after any lookup mapping; a ``Hashing`` mask value is bin 0). ``batch`` itself when
+    nothing is dropped.
+    """
+    masked = [f.name for f in manifest.sparse_features if f.mask_zero]
+    if not masked:
         return batch
     sparse = dict(batch.sparse)
-    for name, mapping in lookups.items():
+    changed = False
+    for name in masked:
         s = sparse.get(name)
-        if s is not None:
-            sparse[name] = SparseInput(
-                ids=mapping.map_keys(s.ids), row_splits=s.row_splits, weights=s.weights
-            )
-    return FeatureBatch(size=batch.size, sparse=sparse, dense=batch.dense)
+        if s is None or not s.ids.size:
+            continue
+        keep = s.ids != 0
+        if keep.all():
+            continue
+        kept = np.zeros(s.ids.size + 1, dtype=np.int64)
+        np.cumsum(keep, out=kept[1:])
+        sparse[name] = SparseInput(
+            ids=s.ids[keep],
+            row_splits=kept[s.row_splits],
+            weights=None if s.weights is None else s.weights[keep],
+        )
+        changed = True
+    return FeatureBatch(size=batch.size, sparse=sparse, dense=batch.dense) if changed else batch
 
 
 def client_signature(

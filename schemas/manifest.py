@@ -8,8 +8,18 @@ Written by the exporter, read by the gateway (feature validation, routing, pooli
 * every **sparse feature** reads one table: a single id per example (``kind=single``) or a variable-length list
   of ids (``kind=multi``), optionally with one float weight per id, pooled with ``combiner``;
 * every **dense feature** is a float32 vector of ``dim`` values per example;
-* the **entry** servable takes, per example, one pooled float32[dim] per sparse feature (input named after the
-  feature) and every dense feature (input named after it), and returns ``entry.outputs``.
+* the **entry** servable takes every dense feature (input named after it) and the sparse features in one of two
+  forms (``entry.input_mode``), and returns ``entry.outputs``:
+
+  - ``pooled`` (every manifest written before the field existed): per example, one pooled float32[dim] per sparse
+    feature, input named after the feature; the gateway pools;
+  - ``unique_rows``: per table ``rows__<table>`` [U, dim] (each distinct row of the batch once, dtype
+    ``entry.row_dtype``) and per sparse feature ``index__<feature>`` int32 into those rows ([B] for a single
+    feature; [nnz] with ``splits__<feature>`` int32 [B + 1] for a multi feature, CSR row splits) and, for a feature
+    with weights, ``weights__<feature>`` float32 (same shape as the index); the entry gathers and pools in its own
+    graph (:func:`entry_rows_input` and the functions next to it name these inputs).
+* a multi feature with ``mask_zero`` drops id 0 (after any lookup mapping: the PS key) before pooling, as Keras's
+  ``Embedding(mask_zero=True)`` followed by a mask-aware pooling layer drops its padding.
 
 PS servable signatures (the contract between exporter, gateway and updater; names from the functions below):
 
@@ -63,6 +73,8 @@ __all__ = [
     "STREAM_POSITION_SIGNATURE",
     "Combiner",
     "DenseFeatureSpec",
+    "EntryInputMode",
+    "EntryRowDtype",
     "EntrySpec",
     "FeatureKind",
     "PsLayout",
@@ -74,8 +86,12 @@ __all__ = [
     "SparseFeatureSpec",
     "TableSpec",
     "delete_signature",
+    "entry_index_input",
     "entry_model_name",
     "expire_count_output",
+    "entry_rows_input",
+    "entry_splits_input",
+    "entry_weights_input",
     "lookup_ids_input",
     "lookup_values_output",
     "ps_dir_name",
@@ -139,6 +155,26 @@ def stream_partition_key(topic: str, partition: int) -> str:
     return f"{topic}:{partition}"
 
 
+def entry_rows_input(table: str) -> str:
+    """Unique-rows entry: the [U, dim] rows of ``table`` the batch uses, each once."""
+    return f"rows__{table}"
+
+
+def entry_index_input(feature: str) -> str:
+    """Unique-rows entry: int32 indices of ``feature``'s ids into its table's rows ([B] single, [nnz] multi)."""
+    return f"index__{feature}"
+
+
+def entry_splits_input(feature: str) -> str:
+    """Unique-rows entry: int32 [B + 1] row splits of a multi feature's indices (example i: splits[i]:splits[i+1])."""
+    return f"splits__{feature}"
+
+
+def entry_weights_input(feature: str) -> str:
+    """Unique-rows entry: float32 per-id weights of a weighted feature (same shape as its index input)."""
+    return f"weights__{feature}"
+
+
 def ps_dir_name(shard: int) -> str:
     return f"ps_{shard}"
 
@@ -174,6 +210,17 @@ class PsLayout(StrEnum):
 
 
 RowDtype = Literal["float32", "float16", "bfloat16"]
+class EntryInputMode(StrEnum):
+    POOLED = "pooled"  # one pooled float32 [B, dim] per sparse feature; the gateway pools
+    UNIQUE_ROWS = "unique_rows"  # unique rows per table + int32 indices; the entry gathers and pools
+
+
+class EntryRowDtype(StrEnum):
+    """The dtype of the unique rows on the wire; the entry casts them to float32 before pooling."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
 
 
 class _Strict(BaseModel):
@@ -208,6 +255,11 @@ class SparseFeatureSpec(_Strict):
         None, description="name of the optional per-id float weight input; None = every weight is 1"
     )
     max_ids: int | None = Field(None, gt=0, description="longest id list accepted per example (multi only)")
+    mask_zero: bool = Field(
+        False,
+        description="multi only: id 0 (the PS key, after any lookup mapping) is padding and is dropped before "
+        "pooling, as Keras's Embedding(mask_zero=True) with a mask-aware pooling layer drops it",
+    )
 
 
 class DenseFeatureSpec(_Strict):
@@ -229,6 +281,14 @@ class OutputSpec(_Strict):
 class EntrySpec(_Strict):
     signature_name: str = "serving_default"
     outputs: list[OutputSpec] = Field(min_length=1)
+    input_mode: EntryInputMode = Field(
+        EntryInputMode.POOLED,
+        description="how the entry takes sparse features: pooled rows per feature, or unique rows per table plus "
+        "indices (a manifest without the field is pooled)",
+    )
+    row_dtype: EntryRowDtype = Field(
+        EntryRowDtype.FLOAT32, description="unique_rows only: dtype of the rows__<table> inputs on the wire"
+    )
 
 
 class Manifest(_Strict):
@@ -279,6 +339,20 @@ class Manifest(_Strict):
                 raise ValueError(f"sparse feature {f.name!r} reads table {f.table!r}, which is not declared")
             if f.kind is FeatureKind.SINGLE and f.max_ids is not None:
                 raise ValueError(f"sparse feature {f.name!r}: max_ids applies to kind 'multi' only")
+            if f.kind is FeatureKind.SINGLE and f.mask_zero:
+                raise ValueError(f"sparse feature {f.name!r}: mask_zero applies to kind 'multi' only")
+        if self.entry.input_mode is EntryInputMode.UNIQUE_ROWS:
+            entry_names = names + [entry_rows_input(t) for t in tables]
+            for f in self.sparse_features:
+                entry_names.append(entry_index_input(f.name))
+                if f.kind is FeatureKind.MULTI:
+                    entry_names.append(entry_splits_input(f.name))
+                if f.weights:
+                    entry_names.append(entry_weights_input(f.name))
+            if dup := _first_duplicate(entry_names):
+                raise ValueError(f"entry input name {dup!r} is used twice (a feature named like an entry input)")
+        elif self.entry.row_dtype is not EntryRowDtype.FLOAT32:
+            raise ValueError("entry.row_dtype applies to entry.input_mode 'unique_rows' only")
         return self
 
     # -- lookups ------------------------------------------------------------------------------------------------

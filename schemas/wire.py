@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from schemas.proto import tfs_pb2
 
-__all__ = ["predict_request", "predict_request_for"]
+__all__ = ["Bfloat16Bits", "bfloat16_bits", "predict_request", "predict_request_for"]
 
 _LEN = 2  # wire type of length-delimited fields
 _VARINT = 0  # wire type of integer fields
@@ -64,8 +64,33 @@ _SIZE = _tag(_number(tfs_pb2.TensorShapeProto.Dim, "size"), _VARINT)
 # ``dtype: <value>`` of each dtype written here (both enum values are non-zero, so always written)
 _DTYPE = {
     d: _tag(_number(tfs_pb2.TensorProto, "dtype"), _VARINT) + _varint(d)
-    for d in (tfs_pb2.DT_INT64, tfs_pb2.DT_FLOAT)
+    for d in (
+        tfs_pb2.DT_INT64,
+        tfs_pb2.DT_FLOAT,
+        tfs_pb2.DT_INT32,
+        tfs_pb2.DT_HALF,
+        tfs_pb2.DT_BFLOAT16,
+    )
 }
+
+
+class Bfloat16Bits(np.ndarray):  # type: ignore[type-arg]  # numpy's ndarray generics: a view subclass
+    """A uint16 array holding bfloat16 values (the upper 16 bits of float32s): numpy has no bfloat16 dtype, so
+    :func:`predict_request_for` writes an array of this class as ``DT_BFLOAT16``. Make one with
+    :func:`bfloat16_bits`."""
+
+
+def bfloat16_bits(values: npt.ArrayLike) -> Bfloat16Bits:
+    """float32 ``values`` rounded to bfloat16 (to nearest, ties to even, as TensorFlow's float32 -> bfloat16 cast;
+    NaN stays NaN), as :class:`Bfloat16Bits` of the same shape."""
+    f = np.ascontiguousarray(values, dtype=np.float32)
+    u = f.view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+    nan = np.isnan(f)
+    if nan.any():
+        rounded[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16)  # quiet NaN, sign kept
+    out: Bfloat16Bits = rounded.view(Bfloat16Bits)
+    return out
 
 
 def _dim(size: int) -> bytes:
@@ -74,16 +99,22 @@ def _dim(size: int) -> bytes:
     return _DIM + _varint(len(body)) + body
 
 
-def _tensor_parts(
-    key: str, array: npt.NDArray[np.int64] | npt.NDArray[np.float32]
-) -> list[bytes | memoryview]:
-    """The ``inputs`` map entry of ``key`` -> ``array`` (int64 or float32), as pieces to join."""
-    if array.dtype.kind == "i":
+def _tensor_parts(key: str, array: npt.NDArray[Any]) -> list[bytes | memoryview]:
+    """The ``inputs`` map entry of ``key`` -> ``array``, as pieces to join: int32 stays DT_INT32, float16 DT_HALF, a
+    :class:`Bfloat16Bits` DT_BFLOAT16; any other integer array is written as DT_INT64 and any other float as
+    DT_FLOAT."""
+    if isinstance(array, Bfloat16Bits):
+        dtype, raw = tfs_pb2.DT_BFLOAT16, np.ascontiguousarray(array.view(np.ndarray), dtype="<u2")
+    elif array.dtype == np.int32:
+        dtype, raw = tfs_pb2.DT_INT32, np.ascontiguousarray(array, dtype="<i4")
+    elif array.dtype == np.float16:
+        dtype, raw = tfs_pb2.DT_HALF, np.ascontiguousarray(array, dtype="<f2")
+    elif array.dtype.kind == "i":
         dtype, raw = tfs_pb2.DT_INT64, np.ascontiguousarray(array, dtype="<i8")
     elif array.dtype.kind == "f":
         dtype, raw = tfs_pb2.DT_FLOAT, np.ascontiguousarray(array, dtype="<f4")
     else:
-        raise TypeError(f"input {key!r}: int64 or float32 array expected, got dtype {array.dtype}")
+        raise TypeError(f"input {key!r}: int or float array expected, got dtype {array.dtype}")
     # dtype and shape framed here too (protobuf objects cost ~5 us per tensor, most of a small request); the shape is
     # the array's own (ascontiguousarray turns a 0-d array into a 1-d one); a scalar's shape stays unset
     meta = _DTYPE[dtype]
@@ -105,10 +136,10 @@ def _tensor_parts(
 def predict_request(
     model: str,
     signature: str,
-    inputs: Sequence[tuple[str, npt.NDArray[np.int64] | npt.NDArray[np.float32]]],
+    inputs: Sequence[tuple[str, npt.NDArray[Any]]],
     suffix: bytes = b"",
 ) -> bytes:
-    """A serialized ``PredictRequest`` for ``model``'s ``signature`` with ``inputs`` (name, int64 or float32 array;
+    """A serialized ``PredictRequest`` for ``model``'s ``signature`` with ``inputs`` (name, array of a dtype :func:`_tensor_parts` takes;
     ``tensor_content``, little-endian) and ``suffix`` appended (serialized fields of a ``PredictRequest``, e.g. more
     ``inputs`` entries: protobuf merges concatenated messages)."""
     return predict_request_for(tfs_pb2.ModelSpec(name=model, signature_name=signature), inputs, suffix)
@@ -116,7 +147,7 @@ def predict_request(
 
 def predict_request_for(
     model_spec: tfs_pb2.ModelSpec,
-    inputs: Sequence[tuple[str, npt.NDArray[np.int64] | npt.NDArray[np.float32]]],
+    inputs: Sequence[tuple[str, npt.NDArray[Any]]],
     suffix: bytes = b"",
 ) -> bytes:
     """:func:`predict_request` with a whole ``model_spec`` (a version or version label too)."""

@@ -59,6 +59,21 @@ def register(subparsers: Any) -> None:
         help="serve table NAME from an HPS directory (or .npy/.npz file) instead of the Embedding weights "
         "(repeatable)",
     )
+    p.add_argument(
+        "--entry-input",
+        choices=["unique_rows", "pooled"],
+        default="unique_rows",
+        help="how the entry takes sparse features: unique_rows (default: each distinct row once per table plus "
+        "int32 indices, pooled inside the entry) or pooled (one pooled row per feature, pooled by the gateway; the "
+        "format of exports made before the choice existed); docs/export.md#entry-signature",
+    )
+    p.add_argument(
+        "--entry-row-dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default="float32",
+        help="unique_rows only: dtype of the rows on the wire (the entry casts them to float32 before pooling; "
+        "the self-check prints the largest prediction error against the model)",
+    )
     _add_stream_cut_arguments(p)
     p.set_defaults(func=_export)
 
@@ -267,6 +282,8 @@ def _export(args: argparse.Namespace) -> int:
                 self_check=args.self_check,
                 stream_cut=cut,
                 ps_layout=PsLayout(args.ps_layout),
+                entry_input=args.entry_input,
+                entry_row_dtype=args.entry_row_dtype,
             )
         else:
             if args.tables is not None:
@@ -282,13 +299,23 @@ def _export(args: argparse.Namespace) -> int:
                 self_check=args.self_check,
                 stream_cut=cut,
                 ps_layout=PsLayout(args.ps_layout),
+                entry_input=args.entry_input,
+                entry_row_dtype=args.entry_row_dtype,
             )
     except ValueError as exc:
         return _fail(exc)
     print(
         f"exported {r.model_dir} version {r.version}: entry + {r.manifest.num_shards} PS shards, "
-        f"tables {', '.join(f'{t.name}({t.rows}x{t.dim})' for t in r.manifest.tables)}"
+        f"tables {', '.join(f'{t.name}({t.rows}x{t.dim})' for t in r.manifest.tables)}; "
+        f"entry input {r.manifest.entry.input_mode.value}"
+        + (
+            f" ({r.manifest.entry.row_dtype.value} rows)"
+            if r.manifest.entry.input_mode == "unique_rows"
+            else ""
+        )
     )
+    if r.max_error is not None:
+        print(f"self-check: largest prediction error against the model {r.max_error:.3g}")
     return 0
 
 

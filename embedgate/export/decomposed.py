@@ -48,12 +48,15 @@ def export_decomposed(
     self_check: bool = True,
     stream_cut: Mapping[str, int] | None = None,
     ps_layout: PsLayout = PsLayout.SLAB,
+    entry_input: str = "unique_rows",
+    entry_row_dtype: str = "float32",
 ) -> ExportResult:
     """Export ``dense_model`` (keras.Model or ``.keras`` file) + ``tables`` as ``<out_dir>/<model_name>/``.
 
     ``tables``: a directory holding ``<table>/`` (HPS), ``<table>.npy`` or ``<table>.npz`` for every declared table,
     or a mapping table -> ``(ids, vectors)`` or path. Versioning, atomicity and the self-check as in
-    :func:`embedgate.export.exporter.export_model`, and so are ``stream_cut`` and ``ps_layout``.
+    :func:`embedgate.export.exporter.export_model`, and so are ``stream_cut``, ``ps_layout``, ``entry_input`` and
+    ``entry_row_dtype``.
     """
     if isinstance(declaration, Mapping):
         decl = Declaration.model_validate(declaration)
@@ -125,7 +128,19 @@ def export_decomposed(
     plan = _Plan(
         list(specs.values()), rows, sparse, dense, entry, _outputs(model), reference, sample_ids, lengths
     )
-    return _export_plan(plan, decl, out_dir, num_shards, version, overwrite, self_check, cut, ps_layout)
+    return _export_plan(
+        plan,
+        decl,
+        out_dir,
+        num_shards,
+        version,
+        overwrite,
+        self_check,
+        cut,
+        ps_layout,
+        entry_input=entry_input,
+        entry_row_dtype=entry_row_dtype,
+    )
 
 
 def _load(model: Any) -> Any:

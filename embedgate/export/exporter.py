@@ -33,11 +33,13 @@ from embedgate.export.declaration import Declaration, DeclarationError, load_dec
 from embedgate.export.ps import Rows, write_ps_shard
 from embedgate.export.tables import TableFileError, check_rows, load_table
 from embedgate.export.warmup import write_warmup
-from gateway.lookup_mapping import LOOKUPS_FILE, LookupMapping, dump_lookups
+from gateway.lookup_mapping import LOOKUPS_FILE, LookupKind, LookupMapping, dump_lookups
 from schemas.manifest import (
     EXAMPLE_REQUEST_FILE,
     MANIFEST_FILE,
     DenseFeatureSpec,
+    EntryInputMode,
+    EntryRowDtype,
     EntrySpec,
     FeatureKind,
     Manifest,
@@ -80,6 +82,8 @@ class ExportResult:
     model_dir: Path  # <out>/<model>
     version: int
     manifest: Manifest
+    # the self-check's largest absolute prediction error against the model (None: no self-check ran)
+    max_error: float | None = None
 
 
 @dataclass
@@ -110,6 +114,8 @@ def export_model(
     self_check: bool = True,
     stream_cut: Mapping[str, int] | None = None,
     ps_layout: PsLayout = PsLayout.SLAB,
+    entry_input: EntryInputMode | str = EntryInputMode.UNIQUE_ROWS,
+    entry_row_dtype: EntryRowDtype | str = EntryRowDtype.FLOAT32,
 ) -> ExportResult:
     """Export ``model`` (a keras.Model or a ``.keras`` file) as ``<out_dir>/<model_name>/``.
 
@@ -123,6 +129,11 @@ def export_model(
     start without a position and an updater replays their partitions from the beginning).
     ``ps_layout``: how the PS shards hold rows (:mod:`embedgate.export.ps`); ``hash`` is the layout of earlier
     releases, kept for one release, and takes no ``row_dtype`` / ``ttl_s``.
+    ``entry_input``: ``unique_rows`` (default: the entry takes each distinct row once per table plus indices and
+    pools in its own graph, :mod:`embedgate.export.entry_graph`) or ``pooled`` (one pooled row per feature, pooled by
+    the gateway); ``entry_row_dtype`` (``unique_rows`` only): the rows' dtype on the wire (float32, bfloat16,
+    float16), cast to float32 by the entry before pooling. ``ExportResult.max_error`` is the self-check's largest
+    prediction error against the model.
     """
     decl = declaration if isinstance(declaration, Declaration) else load_declaration(declaration)
     if num_shards < 1:
@@ -131,7 +142,33 @@ def export_model(
     keras_model = _load_model(model)
     plan = _plan(keras_model, decl, tables or {})
     del keras_model
-    return _export_plan(plan, decl, out_dir, num_shards, version, overwrite, self_check, cut, ps_layout)
+    return _export_plan(
+        plan,
+        decl,
+        out_dir,
+        num_shards,
+        version,
+        overwrite,
+        self_check,
+        cut,
+        ps_layout,
+        entry_input=entry_input,
+        entry_row_dtype=entry_row_dtype,
+    )
+
+
+def _entry_spec(
+    outputs: list[OutputSpec], entry_input: EntryInputMode | str, entry_row_dtype: EntryRowDtype | str
+) -> EntrySpec:
+    try:
+        mode, row_dtype = EntryInputMode(entry_input), EntryRowDtype(entry_row_dtype)
+    except ValueError as exc:
+        raise ExportError(f"entry input: {exc}") from None
+    if mode is EntryInputMode.POOLED and row_dtype is not EntryRowDtype.FLOAT32:
+        raise ExportError(
+            f"entry_row_dtype {row_dtype.value} needs the unique_rows entry input (a pooled entry takes float32)"
+        )
+    return EntrySpec(outputs=outputs, input_mode=mode, row_dtype=row_dtype)
 
 
 def _export_plan(
@@ -144,6 +181,9 @@ def _export_plan(
     self_check: bool,
     stream_cut: Mapping[str, int] | None = None,
     ps_layout: PsLayout = PsLayout.SLAB,
+    *,
+    entry_input: EntryInputMode | str = EntryInputMode.UNIQUE_ROWS,
+    entry_row_dtype: EntryRowDtype | str = EntryRowDtype.FLOAT32,
 ) -> ExportResult:
     model_dir = Path(out_dir) / decl.model_name
     layout = PsLayout(ps_layout)
@@ -156,6 +196,8 @@ def _export_plan(
     ver = next_version(model_dir) if version is None else version
     if ver < 1:
         raise ExportError(f"version must be >= 1, got {ver}")
+    entry_spec = _entry_spec(plan.outputs, entry_input, entry_row_dtype)
+    checked: list[float] = []
     manifest = Manifest(
         model_name=decl.model_name,
         version=ver,
@@ -163,7 +205,7 @@ def _export_plan(
         sparse_features=plan.sparse,
         dense_features=plan.dense,
         partition=PartitionSpec(num_shards=num_shards),
-        entry=EntrySpec(outputs=plan.outputs),
+        entry=entry_spec,
         ps_layout=layout,
         stream_cut=dict(stream_cut or {}),
         tensorflow_version=_tensorflow_version(),
@@ -171,7 +213,7 @@ def _export_plan(
     written_ms = int(time.time() * 1000)  # exported rows count as written now (ttl_s)
 
     def build(tmp: Path) -> None:
-        _save_entry(plan.entry, plan.sparse, plan.dense, plan.tables, plan.outputs, tmp / ENTRY_DIR)
+        _save_entry(plan.entry, manifest, tmp / ENTRY_DIR)
         shards = {t.name: shard_for(plan.rows[t.name][0], num_shards) for t in plan.tables}
         for i in range(num_shards):
             part = {}
@@ -191,7 +233,9 @@ def _export_plan(
             from embedgate.export.selfcheck import check_staged, sample_instances
 
             instances = sample_instances(manifest, plan.sample_ids, plan.lengths, raw=plan.raw_samples)
-            check_staged(tmp, manifest, plan.reference, instances, plan.lengths, plan.mappings)
+            checked.append(
+                check_staged(tmp, manifest, plan.reference, instances, plan.lengths, plan.mappings)
+            )
 
     extra = {LOOKUPS_FILE: dump_lookups(list(plan.mappings.values()))} if plan.mappings else {}
     write_artifacts(model_dir, manifest, build, overwrite=overwrite, extra_files=extra)
@@ -200,7 +244,9 @@ def _export_plan(
         example = _example_request(manifest, plan.rows, raw=plan.raw_samples)
         tmp_req.write_text(json.dumps(example) + "\n", encoding="utf-8")
         tmp_req.replace(model_dir / EXAMPLE_REQUEST_FILE)
-    return ExportResult(model_dir=model_dir, version=ver, manifest=manifest)
+    return ExportResult(
+        model_dir=model_dir, version=ver, manifest=manifest, max_error=checked[0] if checked else None
+    )
 
 
 def _tensorflow_version() -> str:
@@ -416,6 +462,7 @@ def _plan(model: Any, decl: Declaration, table_rows: Mapping[str, Rows | str | P
     ] = {}  # table -> the lookup layer in front of it (None: ids as they are)
     raw_samples: dict[str, list[Any]] = {}
     mappings: dict[str, LookupMapping] = {}
+    maybe_masked: list[str] = []  # multi features over an Embedding(mask_zero=True) with padded ids
     for f in decl.sparse:
         what = f"sparse feature {f.name!r}"
         if f.pooled is None:
@@ -485,6 +532,13 @@ def _plan(model: Any, decl: Declaration, table_rows: Mapping[str, Rows | str | P
                 f"dim {dim} of table {f.table!r}"
             )
         check_pooling_layer(f, pooled_layer, emb)
+        if (
+            f.kind is FeatureKind.MULTI
+            and getattr(emb, "mask_zero", False)
+            and not getattr(ids_input, "ragged", False)
+            and lengths[f.name] > 1
+        ):
+            maybe_masked.append(f.name)
         entry_inputs[f.name] = pooled
         sparse.append(
             SparseFeatureSpec(
@@ -550,6 +604,10 @@ def _plan(model: Any, decl: Declaration, table_rows: Mapping[str, Rows | str | P
             raise DeclarationError(
                 f"tables: {name!r} is not a declared table (tables: {sorted(table_specs)})"
             )
+    masked = {
+        name for name in maybe_masked if _drops_padding(reference, decl, name, sample_ids, raw_samples, pads, mappings)
+    }
+    sparse = [f.model_copy(update={"mask_zero": True}) if f.name in masked else f for f in sparse]
     outputs = _outputs(model)
     return _Plan(
         list(table_specs.values()),
@@ -564,6 +622,47 @@ def _plan(model: Any, decl: Declaration, table_rows: Mapping[str, Rows | str | P
         raw_samples,
         mappings,
     )
+
+
+def _drops_padding(
+    reference: Any,
+    decl: Declaration,
+    name: str,
+    sample_ids: Mapping[str, npt.NDArray[np.int64]],
+    raw: Mapping[str, list[Any]],
+    pads: Mapping[str, Any],
+    mappings: Mapping[str, LookupMapping],
+) -> bool:
+    """Whether the model pools feature ``name`` (a multi feature over an ``Embedding(mask_zero=True)``) without its
+    padding id, as a mask-aware pooling layer does: its own pooled output for ``[v, pad]`` equals that for ``[v]``.
+
+    ``pad`` is id 0, or the mask value of a ``Hashing`` layer (its bin 0). A feature behind an
+    ``IntegerLookup``/``StringLookup`` is not masked here: its mask token is padding on the Keras side only (the
+    gateway maps it to the OOV key)."""
+    mapping = mappings.get(name)
+    if mapping is not None and mapping.kind is not LookupKind.HASHING:
+        return False
+    pad = pads.get(name, 0) if mapping is not None else 0
+    if pad is None:
+        return False
+
+    def value(f: Any) -> Any:
+        return raw[f.name][0] if f.name in raw else int(sample_ids[f.table][0])
+
+    base: dict[str, Any] = {}
+    for f in decl.sparse:
+        v = value(f)
+        base[f.name] = v if f.kind is FeatureKind.SINGLE else [v]
+        if f.weights:
+            base[f.weights] = [1.0]
+    for d in decl.dense:
+        base[d.name] = [0.0] * d.dim
+    target = next(f for f in decl.sparse if f.name == name)
+    padded = {**base, name: [value(target), pad]}
+    if target.weights:
+        padded[target.weights] = [1.0, 1.0]
+    pooled = reference.pooled([base, padded])[name]
+    return bool(np.allclose(pooled[0], pooled[1], rtol=1e-5, atol=1e-6))
 
 
 def _sample_ids(
@@ -634,30 +733,43 @@ def _outputs(model: Any) -> list[OutputSpec]:
     return specs
 
 
-def _save_entry(
-    entry: Any,
-    sparse: list[SparseFeatureSpec],
-    dense: list[DenseFeatureSpec],
-    tables: list[TableSpec],
-    outputs: list[OutputSpec],
-    path: Path,
-) -> None:
+def _save_entry(entry: Any, manifest: Manifest, path: Path) -> None:
+    """Save the entry SavedModel for ``manifest.entry.input_mode``: the Keras entry sub-graph behind pooled inputs,
+    or behind the unique-rows gather + pooling of :mod:`embedgate.export.entry_graph`."""
     import tensorflow as tf
 
-    dims = {t.name: t.dim for t in tables}
-    specs = [tf.TensorSpec([None, dims[f.table]], tf.float32, name=f.name) for f in sparse]
-    specs += [tf.TensorSpec([None, d.dim], tf.float32, name=d.name) for d in dense]
-    out_names = [o.name for o in outputs]
+    from embedgate.export.entry_graph import input_specs, pooled_inputs
 
-    def serve(*xs: Any) -> dict[str, Any]:
-        result = entry(list(xs), training=False)
+    dims = {t.name: t.dim for t in manifest.tables}
+    dense_specs = [tf.TensorSpec([None, d.dim], tf.float32, name=d.name) for d in manifest.dense_features]
+    out_names = [o.name for o in manifest.entry.outputs]
+    sparse_names = [f.name for f in manifest.sparse_features]
+
+    def run(pooled: list[Any], dense: list[Any]) -> dict[str, Any]:
+        result = entry(pooled + dense, training=False)
         if not isinstance(result, (list, tuple)):
             result = [result]
         return dict(zip(out_names, result, strict=True))
+
+    if manifest.entry.input_mode is EntryInputMode.POOLED:
+        specs = [tf.TensorSpec([None, dims[f.table]], tf.float32, name=f.name) for f in manifest.sparse_features]
+        n = len(specs)
+
+        def serve(*xs: Any) -> dict[str, Any]:
+            return run(list(xs[:n]), list(xs[n:]))
+
+    else:
+        specs = input_specs(manifest)
+        names = [s.name for s in specs]
+        n = len(specs)
+
+        def serve(*xs: Any) -> dict[str, Any]:
+            pooled = pooled_inputs(manifest, dict(zip(names, xs[:n], strict=True)))
+            return run([pooled[f] for f in sparse_names], list(xs[n:]))
 
     module = tf.Module()
     # Track the underlying tf.Variables explicitly (as keras.export.ExportArchive does): tracking the Keras model
     # object alone leaves them out of the checkpoint that the TF1 loader restores.
     module.entry_variables = [getattr(v, "value", v) for v in entry.variables]
-    fn = tf.function(serve, input_signature=specs)
+    fn = tf.function(serve, input_signature=specs + dense_specs)
     tf.saved_model.save(module, str(path), signatures={"serving_default": fn})

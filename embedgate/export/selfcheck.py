@@ -1,8 +1,9 @@
 """The export self-check: run the staged entry + PS SavedModels on sample inputs and compare with the model.
 
 Before a version is published, :func:`check_staged` loads the staged ``ps_<i>`` and ``entry`` SavedModels, does what
-the gateway does (look every id up on its shard, pool with the declared combiner and weights in numpy
-(:mod:`embedgate.export.pooling`), call the entry signature) on :func:`sample_instances`, and compares the outputs
+the gateway does with the gateway's own functions (drop the padding of ``mask_zero`` features, dedupe and look every
+id up on its shard, then build the entry's inputs: rows pooled in numpy for a ``pooled`` entry, unique rows plus
+indices for a ``unique_rows`` one; call the entry signature) on :func:`sample_instances`, and compares the outputs
 with a :class:`Reference` (the Keras model itself, or ``dense_model(pooled(tables))`` for a decomposed export). A
 mismatch raises :class:`SelfCheckError` naming the output, the feature whose pooled embedding differs and the
 likely cause (combiner, weights, mask, or the entry cut), found by re-pooling the same rows every other way.
@@ -24,10 +25,13 @@ import numpy.typing as npt
 from embedgate.export.declaration import DeclarationError
 from embedgate.export.instances import feature_ids
 from embedgate.export.pooling import pool
+from gateway.features import FeatureBatch, SparseInput
 from gateway.lookup_mapping import LookupMapping
 from schemas.manifest import (
     LOOKUP_SIGNATURE,
     Combiner,
+    EntryInputMode,
+    EntryRowDtype,
     FeatureKind,
     Manifest,
     lookup_ids_input,
@@ -35,12 +39,19 @@ from schemas.manifest import (
     ps_dir_name,
 )
 from schemas.partition import shard_for
+from schemas.wire import Bfloat16Bits
 
 __all__ = ["Reference", "SelfCheckError", "check_staged", "sample_instances"]
 
 Instances = list[dict[str, Any]]
 RTOL = 1e-3
 ATOL = 1e-4
+# (rtol, atol) per row dtype on the wire of a unique_rows entry: float16 keeps 11 significant bits, bfloat16 8
+TOLERANCE = {
+    EntryRowDtype.FLOAT32: (RTOL, ATOL),
+    EntryRowDtype.FLOAT16: (1e-2, 1e-3),
+    EntryRowDtype.BFLOAT16: (3e-2, 1e-2),
+}
 
 
 class SelfCheckError(DeclarationError):
@@ -103,6 +114,8 @@ def sample_instances(
             longest = max(1, lengths[f.name])
             count = [1, longest, 2, max(1, longest - 1), 3][k % 5]
             inst[f.name] = [int(x) for x in rng.choice(cand, min(count, longest))]
+            if f.mask_zero and k % 3 == 1 and len(inst[f.name]) < longest:
+                inst[f.name] += [0] * (longest - len(inst[f.name]))  # padded as Keras input is: dropped
             if f.weights:
                 inst[f.weights] = rng.uniform(0.2, 2.0, len(inst[f.name])).round(3).tolist()
         for d in manifest.dense_features:
@@ -112,7 +125,9 @@ def sample_instances(
 
 
 class _Served:
-    """The staged version loaded with ``tf.saved_model.load``: per-shard lookups, numpy pooling, entry."""
+    """The staged version loaded with ``tf.saved_model.load``, served as the gateway serves it: the gateway's own
+    padding drop, lookup plan and entry inputs (:mod:`gateway.embedding`: pooled rows, or unique rows + indices),
+    the PS ``lookup`` signature of every shard and the entry signature."""
 
     def __init__(self, stage: Path, manifest: Manifest, mappings: Mapping[str, LookupMapping]) -> None:
         import tensorflow as tf
@@ -137,14 +152,38 @@ class _Served:
         return out
 
     def ids(self, inst: Mapping[str, Any], f: Any) -> tuple[list[int], list[float]]:
-        """The PS keys and weights of ``f`` in ``inst`` (raw values mapped as the gateway maps them)."""
+        """The PS keys and weights of ``f`` in ``inst`` (raw values mapped as the gateway maps them, padding of a
+        ``mask_zero`` feature dropped)."""
         m = self.mappings.get(f.name)
         if m is None:
-            return feature_ids(inst, f.name, f.weights)
-        raw = inst[f.name]
-        values = list(raw) if isinstance(raw, (list, tuple)) else [raw]
-        w = [float(x) for x in inst[f.weights]] if f.weights and f.weights in inst else [1.0] * len(values)
-        return [int(k) for k in m.keys_for(values)], w
+            ids, w = feature_ids(inst, f.name, f.weights)
+        else:
+            raw = inst[f.name]
+            values = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+            w = [float(x) for x in inst[f.weights]] if f.weights and f.weights in inst else [1.0] * len(values)
+            ids = [int(k) for k in m.keys_for(values)]
+        if getattr(f, "mask_zero", False):
+            kept = [(i, x) for i, x in zip(ids, w, strict=True) if i != 0]
+            ids, w = [i for i, _ in kept], [x for _, x in kept]
+        return ids, w
+
+    def batch(self, instances: Instances) -> FeatureBatch:
+        """``instances`` as the gateway's :class:`FeatureBatch` (PS keys, padding dropped)."""
+        sparse = {}
+        for f in self.manifest.sparse_features:
+            per = [self.ids(inst, f) for inst in instances]
+            splits = np.zeros(len(per) + 1, np.int64)
+            np.cumsum([len(i) for i, _ in per], out=splits[1:])
+            ids = np.array([x for i, _ in per for x in i], np.int64)
+            weights = np.array([x for _, w in per for x in w], np.float32) if f.weights else None
+            sparse[f.name] = SparseInput(ids=ids, row_splits=splits, weights=weights)
+        dense = {
+            d.name: np.stack([np.atleast_1d(np.asarray(i[d.name], np.float32)) for i in instances]).reshape(
+                len(instances), d.dim
+            )
+            for d in self.manifest.dense_features
+        }
+        return FeatureBatch(size=len(instances), sparse=sparse, dense=dense)
 
     def pooled(self, instances: Instances) -> dict[str, npt.NDArray[np.float32]]:
         out = {}
@@ -156,16 +195,31 @@ class _Served:
             out[f.name] = np.stack(vecs)
         return out
 
-    def outputs(self, instances: Instances, pooled: Mapping[str, npt.NDArray[np.float32]]) -> dict[str, Any]:
+    def entry_inputs(self, instances: Instances) -> dict[str, np.ndarray]:
+        """The entry's inputs as the gateway builds them (:func:`gateway.embedding.pool` or
+        :func:`~gateway.embedding.unique_inputs`), dense features included."""
+        from gateway.embedding import plan_lookups
+        from gateway.embedding import pool as gateway_pool
+        from gateway.embedding import unique_inputs
+
+        batch = self.batch(instances)
+        plan = plan_lookups(batch, self.manifest)
+        values = [
+            {t: self.rows(t, ids) for t, ids in shard.items()}
+            for shard in plan.shard_ids
+        ]
+        build = gateway_pool if self.manifest.entry.input_mode is EntryInputMode.POOLED else unique_inputs
+        return {**build(plan, values, batch, self.manifest), **batch.dense}
+
+    def outputs(self, instances: Instances) -> dict[str, Any]:
         import tensorflow as tf
 
-        feeds = {k: tf.constant(v) for k, v in pooled.items()}
-        for d in self.manifest.dense_features:
-            feeds[d.name] = tf.constant(
-                np.stack([np.atleast_1d(np.asarray(i[d.name], np.float32)) for i in instances]).reshape(
-                    len(instances), d.dim
-                )
-            )
+        feeds = {}
+        for k, v in self.entry_inputs(instances).items():
+            if isinstance(v, Bfloat16Bits):
+                feeds[k] = tf.bitcast(tf.constant(v.view(np.ndarray)), tf.bfloat16)
+            else:
+                feeds[k] = tf.constant(v)
         sig = self.entry.signatures[self.manifest.entry.signature_name]
         return {k: v.numpy() for k, v in sig(**feeds).items()}
 
@@ -177,23 +231,29 @@ def check_staged(
     instances: Instances,
     lengths: Mapping[str, int] | None = None,
     mappings: Mapping[str, LookupMapping] | None = None,
-) -> None:
-    """Raise :class:`SelfCheckError` unless the staged version reproduces ``reference`` on ``instances``.
+) -> float:
+    """Raise :class:`SelfCheckError` unless the staged version reproduces ``reference`` on ``instances``; else return
+    the largest absolute difference between a served output and the reference's (over every output and example).
 
     ``lengths``: the model's padded length per multi feature (lets the diagnosis recognise pooling over padding).
     """
     served = _Served(stage, manifest, mappings or {})
-    pooled = served.pooled(instances)
-    got = served.outputs(instances, pooled)
+    got = served.outputs(instances)
     want = reference.outputs(instances)
     bad = []
+    largest = 0.0
     for o in manifest.entry.outputs:
         g = np.asarray(got[o.name], np.float64)
         w = np.asarray(want[o.name], np.float64).reshape(g.shape)
-        if not _close(g, w):
+        diff = np.abs(g - w)
+        diff = diff[np.isfinite(diff)]  # NaN in both (equal_nan) is no error
+        if diff.size:
+            largest = max(largest, float(diff.max()))
+        if not _close(g, w, *TOLERANCE[manifest.entry.row_dtype]):
             bad.append(f"{o.name!r} (max abs diff {float(np.max(np.abs(g - w))):.4g})")
     if not bad:
-        return
+        return largest
+    pooled = served.pooled(instances)
     head = (
         f"self-check failed: the exported entry + PS do not reproduce the model on {len(instances)} sample "
         f"examples: output {', '.join(bad)} differs"
@@ -288,8 +348,10 @@ def _explain(f: Any, cand: _Candidate) -> str:
     )
 
 
-def _close(got: npt.NDArray[np.float64], want: npt.NDArray[np.float64]) -> bool:
+def _close(
+    got: npt.NDArray[np.float64], want: npt.NDArray[np.float64], rtol: float = RTOL, atol: float = ATOL
+) -> bool:
     if got.shape != want.shape:
         return False
     scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
-    return bool(np.allclose(got, want, rtol=RTOL, atol=ATOL * scale, equal_nan=True))
+    return bool(np.allclose(got, want, rtol=rtol, atol=atol * scale, equal_nan=True))

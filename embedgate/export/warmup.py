@@ -3,7 +3,7 @@
 ``tensorflow_model_server`` replays these ``PredictionLog`` records (a TFRecord file) while it loads a version and
 marks the version AVAILABLE only afterwards, so the first client request does not pay graph initialisation. The
 entry gets one Predict of its serving signature at each batch size in ``batch_sizes`` (zeros: pooled embeddings and
-dense features); each PS shard one ``lookup`` of a single id per table. Only read-only signatures are used: replaying
+dense features; for a ``unique_rows`` entry one zero row per table that every example reads); each PS shard one ``lookup`` of a single id per table. Only read-only signatures are used: replaying
 a warmup file can never change a row. The records name the served model (``<model>_entry``, ``<model>_ps_<i>``).
 """
 
@@ -15,7 +15,9 @@ from typing import Any
 
 from schemas.manifest import (
     LOOKUP_SIGNATURE,
+    EntryInputMode,
     Manifest,
+    entry_splits_input,
     entry_model_name,
     lookup_ids_input,
     ps_dir_name,
@@ -41,10 +43,14 @@ def warmup_requests(manifest: Manifest, sub_graph: str, batch_sizes: Sequence[in
             req = predict_pb2.PredictRequest()
             req.model_spec.name = entry_model_name(manifest.model_name)
             req.model_spec.signature_name = manifest.entry.signature_name
-            for f in manifest.sparse_features:
-                req.inputs[f.name].CopyFrom(
-                    tf.make_tensor_proto(np.zeros((batch, dims[f.table]), np.float32))
-                )
+            if manifest.entry.input_mode is EntryInputMode.POOLED:
+                for f in manifest.sparse_features:
+                    req.inputs[f.name].CopyFrom(
+                        tf.make_tensor_proto(np.zeros((batch, dims[f.table]), np.float32))
+                    )
+            else:
+                for name, arr in _unique_zeros(manifest, batch).items():
+                    req.inputs[name].CopyFrom(tf.make_tensor_proto(arr))
             for d in manifest.dense_features:
                 req.inputs[d.name].CopyFrom(tf.make_tensor_proto(np.zeros((batch, d.dim), np.float32)))
             requests.append(req)
@@ -56,6 +62,28 @@ def warmup_requests(manifest: Manifest, sub_graph: str, batch_sizes: Sequence[in
     for t in manifest.tables:
         req.inputs[lookup_ids_input(t.name)].CopyFrom(tf.make_tensor_proto(np.zeros((1,), np.int64)))
     return [req]
+
+
+def _unique_zeros(manifest: Manifest, batch: int) -> dict[str, Any]:
+    """A ``unique_rows`` entry's sparse inputs for ``batch`` examples that all read one zero row per table (multi
+    features: one id each)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from embedgate.export.entry_graph import input_specs
+
+    out: dict[str, Any] = {}
+    for spec in input_specs(manifest):
+        if spec.dtype == tf.int32:
+            if spec.name.startswith(entry_splits_input("")):
+                out[spec.name] = np.arange(batch + 1, dtype=np.int32)
+            else:
+                out[spec.name] = np.zeros(batch, np.int32)
+        elif spec.shape.rank == 2:
+            out[spec.name] = tf.zeros([1, spec.shape[1]], spec.dtype)
+        else:
+            out[spec.name] = np.ones(batch, np.float32)
+    return out
 
 
 def write_warmup(stage: Path, manifest: Manifest) -> None:

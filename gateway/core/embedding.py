@@ -31,11 +31,17 @@ from gateway.core.versions import VersionPinner
 from gateway.errors import GatewayError, Internal, InvalidArgument, NotFound, clip
 from gateway.limits import offload
 from schemas.deployment import EmbeddingModel
-from schemas.manifest import LOOKUP_SIGNATURE, Manifest, lookup_ids_input, lookup_values_output
+from schemas.manifest import (
+    LOOKUP_SIGNATURE,
+    Manifest,
+    lookup_ids_input,
+    lookup_values_output,
+)
 from schemas.proto import tfs_pb2
 from schemas.wire import predict_request_for
 
 if TYPE_CHECKING:
+    from gateway.embedding import LookupPlan
     from gateway.features import FeatureBatch
 
 __all__ = ["EmbeddingServable"]
@@ -152,17 +158,18 @@ class EmbeddingServable(Servable):
     async def run_now(
         self, batch: FeatureBatch, spec: VersionSpec, deadline: float, manifest: Manifest | None = None
     ) -> tuple[dict[str, np.ndarray], str]:
-        """Lookups (``rows``: every shard with ids, concurrently, or the cache), pooling, then the entry's Predict."""
-        from gateway.embedding import plan_lookups, pool
+        """Lookups (``rows``: every shard with ids, concurrently, or the cache), then the entry's Predict: with the
+        rows pooled per feature (``pooled`` entry) or with each distinct row once plus indices (``unique_rows``
+        entry, :func:`gateway.embedding.unique_inputs`; the entry pools)."""
+        from gateway.embedding import plan_lookups
 
         if manifest is None:
             manifest = self.manifests.for_version(spec.version)
         plan = await offload(plan_lookups, batch, manifest)
         shard_values = (await self.rows.lookup(plan.shard_ids, spec, deadline)).values
-        pooled = await offload(pool, plan, shard_values, batch, manifest)
         spec_msg = model_spec(self.served, spec, manifest.entry.signature_name)
         # framed around the arrays' bytes (one copy, off the event loop for a large request): schemas/wire.py
-        req = await offload(entry_request, spec_msg, {**pooled, **batch.dense})
+        req = await offload(_entry_request_for, spec_msg, plan, shard_values, batch, manifest)
         resp = await self.entry.predict_serialized(req, deadline)
         outputs = {k: _ndarray(t) for k, t in resp.outputs.items()}
         return outputs, _version_text(answered_version(resp))
@@ -287,8 +294,21 @@ _NO_IDS: Final = np.zeros(0, dtype=np.int64)
 
 
 def entry_request(spec: tfs_pb2.ModelSpec, inputs: Mapping[str, np.ndarray]) -> bytes:
-    """The serialized entry ``PredictRequest``: every input as float32 ``tensor_content``."""
+    """The serialized entry ``PredictRequest`` of a ``pooled`` entry: every input as float32 ``tensor_content``."""
     return predict_request_for(spec, [(k, np.asarray(a, dtype=np.float32)) for k, a in inputs.items()])
+
+
+def _entry_request_for(
+    spec: tfs_pb2.ModelSpec,
+    plan: LookupPlan,
+    shard_values: list[dict[str, np.ndarray]],
+    batch: FeatureBatch,
+    manifest: Manifest,
+) -> bytes:
+    """The serialized entry request for ``manifest.entry.input_mode`` (:func:`gateway.embedding.entry_inputs`)."""
+    from gateway.embedding import entry_inputs
+
+    return predict_request_for(spec, entry_inputs(plan, shard_values, batch, manifest))
 
 
 def _ndarray(t: tfs_pb2.TensorProto) -> np.ndarray:

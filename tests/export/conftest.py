@@ -142,6 +142,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
 
 
 @pytest.fixture(scope="session")
+def tiny_pooled(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny model exported with the pooled entry (``entry_input="pooled"``): its ExportResult."""
+    from embedgate.export.declaration import Declaration
+    from embedgate.export.exporter import export_model
+
+    decl = Declaration.model_validate(DECLARATION)
+    out = tmp_path_factory.mktemp("tiny_pooled")
+    return export_model(build_tiny_model(), decl, out, num_shards=3, entry_input="pooled")
+
+
+@pytest.fixture(scope="session")
 def tiny_tf1(tiny: Tiny) -> Iterator[Any]:
     from tests.export.tf1 import Tf1Artifacts
 

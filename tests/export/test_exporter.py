@@ -35,7 +35,43 @@ def test_predictions_through_entry_and_ps_match_keras(tiny: Any, tiny_tf1: Any, 
 
 
 def test_entry_signature_inputs(tiny_tf1: Any) -> None:
+    """The default (unique_rows) entry: rows per table, int32 indices (+ splits for multi, weights for weighted)."""
     sd = tiny_tf1.entry.signatures["serving_default"]
+    shapes = {k: ([d.size for d in v.tensor_shape.dim], v.dtype) for k, v in sd.inputs.items()}
+    f32, i32 = 1, 3  # DT_FLOAT, DT_INT32
+    assert shapes == {
+        "rows__user_emb": ([-1, 8], f32),
+        "rows__tag_emb": ([-1, 4], f32),
+        "rows__item_emb": ([-1, 6], f32),
+        "index__user": ([-1], i32),
+        "index__genres": ([-1], i32),
+        "splits__genres": ([-1], i32),
+        "index__tags": ([-1], i32),
+        "splits__tags": ([-1], i32),
+        "weights__tags": ([-1], f32),
+        "index__clicks": ([-1], i32),
+        "splits__clicks": ([-1], i32),
+        "weights__clicks": ([-1], f32),
+        "index__recent": ([-1], i32),
+        "splits__recent": ([-1], i32),
+        "weights__recent": ([-1], f32),
+        "price": ([-1, 1], f32),
+        "ctx": ([-1, 3], f32),
+    }
+    assert set(sd.outputs) == {"ctr", "score"}
+    assert tiny_tf1.manifest.entry.input_mode == "unique_rows"
+
+
+def test_pooled_entry_signature_inputs(tiny_pooled: Any) -> None:
+    """``entry_input="pooled"``: one pooled float32 row per sparse feature, as before the unique_rows mode."""
+    from tests.export.tf1 import Tf1Artifacts
+
+    arts = Tf1Artifacts(tiny_pooled.model_dir, tiny_pooled.manifest)
+    try:
+        sd = arts.entry.signatures["serving_default"]
+    finally:
+        arts.close()
+    assert tiny_pooled.manifest.entry.input_mode == "pooled"
     shapes = {k: [d.size for d in v.tensor_shape.dim] for k, v in sd.inputs.items()}
     assert shapes == {
         "user": [-1, 8],

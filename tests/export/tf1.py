@@ -12,6 +12,7 @@ from embedgate.export.instances import feature_ids
 from embedgate.export.pooling import pool
 from schemas.manifest import (
     LOOKUP_SIGNATURE,
+    EntryInputMode,
     Manifest,
     lookup_ids_input,
     lookup_values_output,
@@ -65,7 +66,10 @@ class Tf1Artifacts:
         return out
 
     def predict(self, instances: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-        """Look up, pool (numpy reference), run the entry signature: what the gateway does."""
+        """Look up, pool (numpy reference) or build unique rows + indices (the gateway's own
+        :func:`gateway.embedding.unique_inputs`), run the entry signature: what the gateway does."""
+        if self.manifest.entry.input_mode is EntryInputMode.UNIQUE_ROWS:
+            return self.entry.run(self.manifest.entry.signature_name, self.unique_feeds(instances))
         feeds: dict[str, np.ndarray] = {}
         for f in self.manifest.sparse_features:
             pooled = []
@@ -82,3 +86,35 @@ class Tf1Artifacts:
     def close(self) -> None:
         for m in [self.entry, *self.ps]:
             m.close()
+
+    def unique_feeds(self, instances: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+        """A ``unique_rows`` entry's feeds for ``instances`` (int ids), built by the gateway's functions."""
+        from gateway.embedding import plan_lookups, unique_inputs
+        from gateway.features import FeatureBatch, SparseInput, drop_padding
+        from schemas.wire import Bfloat16Bits
+
+        m = self.manifest
+        sparse = {}
+        for f in m.sparse_features:
+            per = [feature_ids(inst, f.name, f.weights) for inst in instances]
+            splits = np.zeros(len(per) + 1, np.int64)
+            np.cumsum([len(i) for i, _ in per], out=splits[1:])
+            ids = np.array([x for i, _ in per for x in i], np.int64)
+            weights = np.array([x for _, w in per for x in w], np.float32) if f.weights else None
+            sparse[f.name] = SparseInput(ids=ids, row_splits=splits, weights=weights)
+        dense = {
+            d.name: np.stack([np.atleast_1d(np.asarray(i[d.name], np.float32)) for i in instances]).reshape(
+                len(instances), d.dim
+            )
+            for d in m.dense_features
+        }
+        batch = drop_padding(FeatureBatch(size=len(instances), sparse=sparse, dense=dense), m)
+        plan = plan_lookups(batch, m)
+        values = [{t: self.lookup(t, ids) for t, ids in shard.items()} for shard in plan.shard_ids]
+        feeds = {**unique_inputs(plan, values, batch, m), **batch.dense}
+        for k, v in feeds.items():
+            if isinstance(v, Bfloat16Bits):
+                import ml_dtypes
+
+                feeds[k] = v.view(np.ndarray).view(ml_dtypes.bfloat16)
+        return feeds
