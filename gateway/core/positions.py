@@ -3,33 +3,47 @@
 Every PS table reports, per ``"<topic>:<partition>"`` key, the next Kafka offset it has not applied (its *position*;
 see :mod:`schemas.manifest`). A replica that restarted, or loaded a new version, serves its snapshot: its positions go
 back until the updater has replayed it. :class:`PositionTracker` asks every replica of an embedding model's shards
-for its ``stream_position`` every ``grpc.position_poll_s`` seconds; per shard a :class:`ShardPositions` keeps the
-**high-water mark** of each (table, key): the highest position any replica of the shard has reported since the
-gateway started (never lowered, so a shard's only replica that restarts is noticed too). A replica is **catching up**
-while one of its positions is below the high-water mark of the *previous* poll (the updater writes the replicas of a
-shard one after the other within milliseconds: a replica is never judged against a position reached during the same
-poll), and caught up again once every position reaches it. The flags go to the shard's
-:class:`~gateway.backends.client.ReplicaSet`, which reads from caught-up replicas first and counts the reads a
-catching-up replica answered (``stale_reads``); :func:`mark_stale` turns those into the degraded reason
-``replica_catching_up`` of an answer.
+for its ``stream_position`` every ``grpc.position_poll_s`` seconds; per shard a :class:`ShardPositions` decides.
 
-What counts as a position: offsets >= 0. A table that reports no position at all (a restart from an export without a
-stream cut; -1 values count as none) is compared as -1 with every key the shard's high-water mark has for it, so it is
-behind as soon as any write reached another replica or the replica before its restart. A table that reports some keys
-but not a given one is not compared on that key (e.g. a partition of a topic its export did not cover). Unknown is not
-behind: a replica whose ``stream_position`` call fails in transport (UNAVAILABLE, deadline) keeps what the previous
-poll found; one that answers without positions (no such signature, any other error) is not catching up.
+**The rule** (docs/reliability.md, "Which replicas are catching up"). A table's position only moves when the updater
+writes that table, and never back (the PS keeps the maximum), so the positions of two healthy replicas differ as a
+matter of course: a replica replayed by the updater gets a position for every table at the end of its replay (also
+for tables the stream never wrote), its peer only for the tables it was written; a replay's batches end elsewhere than
+the live loop's. Positions of different replicas are therefore **not compared** to decide that one is behind: a
+replica that never wrote a table is not behind because a peer recorded a position for it. What is compared is each
+replica with **its own past**:
+
+* a replica is *catching up* from the poll where one of its positions (table, key) is below the highest that replica
+  itself reported before (it lost writes: a restart, another version, an older export);
+* at that poll it gets a **target**: the shard's high-water marks as of the polls *before* it (the highest position
+  any replica of the shard had reported for each (table, key); both replicas' and the writes made during an outage
+  included). Every such position was reached before the replica came back, so the updater's replay, which runs to
+  where its live loop is when the replay starts and then sets every table there, reaches the target;
+* it is caught up again once every one of its positions reaches its target (and it is judged by its own past again).
+
+So a replica that never lost writes is never flagged, and a healed one is flagged only until its replay is done, even
+if the stream never writes some tables again. A table that reports no position at all (a restart from an export without
+a stream cut; -1 values count as none) is compared as -1. A table that reports some keys but not a given one is not
+compared on that key (e.g. a partition of a topic its export did not cover); nor is a table missing from the answer
+(another version without it). Unknown is not behind: a replica whose ``stream_position`` call fails in transport
+(UNAVAILABLE, deadline) keeps what the previous poll found; one that answers without positions (no such signature,
+any other error) is not catching up.
+
+The flags go to the shard's :class:`~gateway.backends.client.ReplicaSet`, which reads from caught-up replicas first
+and counts the reads a catching-up replica answered (``stale_reads``); :func:`mark_stale` turns those into the
+degraded reason ``replica_catching_up`` of an answer, so an answer served by a caught-up replica is never marked.
 
 Versions: the poll asks each replica's latest version, the one the updater writes to. Positions are offsets of the
 one stream, compared across versions, so a replica that loaded a new version whose export holds an older stream cut
 (or none) is catching up until replayed. Requests pinned to another version are routed by the same flags.
 
-What a gateway cannot see: before its second poll nothing is known (the first one only sets the marks); a gateway
-started after a regression sees it only if another replica of the shard is ahead; when every replica of a shard
-regressed before the gateway started (or all loaded the same older export) there is no mark to compare with. A
-replica that comes back within one poll interval of going down may answer from its snapshot until the next poll.
-Marks are never forgotten while the gateway runs (a topic recreated with lower offsets needs a gateway restart).
-Task-safe within one event loop.
+What a gateway cannot see: before its second poll nothing is known (the first one only sets the marks); a replica
+that regressed before the gateway started (or was first polled already behind) is not flagged, since there is no past
+of its own to compare with; a replica that comes back within one poll interval of going down may answer from its
+snapshot until the next poll. If the updater itself restarts behind what the replicas already hold (uncommitted
+writes) while a replica is being replayed, that replica may stay flagged until the stream writes each of its tables
+again. Marks are never forgotten while the gateway runs (a topic recreated with lower offsets needs a gateway
+restart). Task-safe within one event loop.
 """
 
 from __future__ import annotations
@@ -79,6 +93,10 @@ class NoPositions(enum.Enum):
 Report = Positions | NoPositions
 
 
+Marks = dict[tuple[str, str], int]
+"""(table, ``"<topic>:<partition>"``) -> a position."""
+
+
 def _behind(report: Positions, marks: Mapping[tuple[str, str], int]) -> tuple[str, str, int, int] | None:
     """The first (table, key, position, mark) where ``report`` is below ``marks``; None when it is not."""
     known = {t: {k: v for k, v in keys.items() if v >= 0} for t, keys in report.items()}
@@ -93,33 +111,53 @@ def _behind(report: Positions, marks: Mapping[tuple[str, str], int]) -> tuple[st
     return None
 
 
+def _raise_marks(marks: Marks, report: Positions) -> None:
+    for table, keys in report.items():
+        for key, pos in keys.items():
+            if pos > marks.get((table, key), -1):
+                marks[(table, key)] = pos
+
+
 class ShardPositions:
-    """The high-water marks of one shard and which of its ``replicas`` are catching up (pure, no I/O)."""
+    """Which of one shard's ``replicas`` are catching up, by the rule of the module doc (pure, no I/O).
+
+    ``own[i]``: the highest positions replica ``i`` reported (since it last went back); ``marks``: the shard's (every
+    replica's) highest;
+    ``targets[i]``: what a catching-up replica must reach (None: it is not catching up); ``lag[i]``: why it is behind,
+    (table, key, position, target)."""
 
     def __init__(self, replicas: int) -> None:
         if replicas < 1:
             raise ValueError("a shard has at least one replica")
-        self.marks: dict[tuple[str, str], int] = {}  # (table, key) -> highest position reported so far
+        self.marks: Marks = {}
+        self.own: list[Marks] = [{} for _ in range(replicas)]
+        self.targets: list[Marks | None] = [None] * replicas
         self.catching_up = [False] * replicas
-        self.lag: list[tuple[str, str, int, int] | None] = [None] * replicas  # why each replica is behind
+        self.lag: list[tuple[str, str, int, int] | None] = [None] * replicas
 
     def observe(self, reports: Sequence[Report]) -> list[bool]:
         """One poll: ``reports[i]`` from replica ``i``. Returns (and keeps) the catching-up flag of each replica."""
         if len(reports) != len(self.catching_up):
             raise ValueError(f"{len(reports)} reports for {len(self.catching_up)} replicas")
-        previous = dict(self.marks)
+        before = dict(self.marks)  # the shard's marks as of the previous polls
         for i, report in enumerate(reports):
             if report is NoPositions.NO_ANSWER:
                 continue
-            self.lag[i] = None if report is NoPositions.UNKNOWN else _behind(report, previous)
-            self.catching_up[i] = self.lag[i] is not None
-        for report in reports:
-            if isinstance(report, NoPositions):
+            if report is NoPositions.UNKNOWN:
+                self.targets[i], self.lag[i], self.catching_up[i] = None, None, False
                 continue
-            for table, keys in report.items():
-                for key, pos in keys.items():
-                    if pos > self.marks.get((table, key), -1):
-                        self.marks[(table, key)] = pos
+            if _behind(report, self.own[i]) is not None:  # it lost writes (again): replayed up to the marks
+                self.targets[i] = dict(before)
+                self.own[i] = {}  # its past starts again from what it holds now (a replay only moves forward)
+            target = self.targets[i]
+            self.lag[i] = None if target is None else _behind(report, target)
+            if self.lag[i] is None:
+                self.targets[i] = None
+            self.catching_up[i] = self.lag[i] is not None
+        for i, report in enumerate(reports):
+            if not isinstance(report, NoPositions):
+                _raise_marks(self.own[i], report)
+                _raise_marks(self.marks, report)
         return list(self.catching_up)
 
 
@@ -191,7 +229,8 @@ class PositionTracker:
                 if now and not was:
                     table, key, pos, mark = state.lag[i] or ("", "", -1, -1)
                     log.warning(
-                        "PS replica catching up: lookups go to caught-up replicas while there is one",
+                        "PS replica catching up (its stream position went back): lookups go to caught-up "
+                        "replicas while there is one",
                         extra={
                             "model": self.model,
                             "shard": shard,

@@ -37,20 +37,59 @@ def _at(pos: int, table: str = "t", key: str = K) -> dict[str, dict[str, int]]:
 # ---- ShardPositions: the high-water marks and the catching-up rule -----------------------------------------------
 
 
-def test_a_replica_below_the_previous_polls_mark_is_catching_up_until_it_reaches_it() -> None:
+def test_a_replica_whose_positions_go_back_is_catching_up_until_it_reaches_the_marks_before() -> None:
     s = ShardPositions(2)
     assert s.observe([_at(100), _at(100)]) == [False, False]  # first poll: sets the marks only
-    assert s.observe([_at(120), {"t": {}}]) == [
-        False,
-        True,
-    ]  # B restarted from an export without a stream cut
+    # B restarted from an export without a stream cut: below its own past
+    assert s.observe([_at(120), {"t": {}}]) == [False, True]
     assert s.lag[1] == ("t", K, -1, 100)
-    assert s.observe([_at(130), _at(110)]) == [
+    assert s.targets[1] == {("t", K): 100}  # the shard's marks of the polls before B came back
+    assert s.observe([_at(130), _at(90)]) == [False, True]  # replaying
+    assert s.observe([_at(135), _at(100)]) == [False, False]  # reached its target
+    assert s.targets[1] is None and s.marks == {("t", K): 135}
+
+
+def test_a_replica_that_goes_back_again_during_its_replay_gets_a_new_target() -> None:
+    s = ShardPositions(2)
+    s.observe([_at(100), _at(100)])
+    assert s.observe([_at(120), {"t": {}}]) == [False, True]
+    assert s.observe([_at(130), _at(60)]) == [False, True]  # replaying: not a new loss
+    assert s.targets[1] == {("t", K): 100}
+    assert s.observe([_at(140), {"t": {}}]) == [False, True]  # restarted again mid-replay
+    assert s.targets[1] == {("t", K): 130}
+    assert s.observe([_at(150), _at(120)]) == [False, True]
+    assert s.observe([_at(150), _at(130)]) == [False, False]
+
+
+def test_a_peer_with_positions_for_tables_it_never_wrote_never_flags_the_other() -> None:
+    """Issue 21: B was replayed by the updater (which sets every table's position, and ends its batches elsewhere than
+    the live loop); A, never restarted, has no position for the table the stream never wrote and an older one for the
+    table it did. A is not behind: it is never flagged, however long this lasts."""
+    s = ShardPositions(2)
+    both = {"item": {K: 100}, "user": {}}
+    assert s.observe([both, both]) == [False, False]
+    assert s.observe([both, {"item": {}, "user": {}}]) == [False, True]  # B restarted
+    for _ in range(5):
+        assert s.observe([{"item": {K: 125}, "user": {}}, {"item": {K: 140}, "user": {K: 140}}]) == [
+            False,
+            False,
+        ]
+    assert s.lag == [None, None]
+
+
+def test_a_healed_replica_is_not_held_by_positions_its_peer_reached_during_its_replay() -> None:
+    """Live writes during B's replay reach B's rows but move only A's positions; after the replay (to 115, where the
+    live loop was when it started) B lacks nothing, and no later write of that table may come."""
+    s = ShardPositions(2)
+    s.observe([_at(100), _at(100)])
+    assert s.observe([_at(110), NoPositions.NO_ANSWER]) == [
         False,
-        True,
-    ]  # replaying: still below 120 (the previous poll's)
-    assert s.observe([_at(135), _at(130)]) == [False, False]  # reached the previous poll's mark (130)
-    assert s.marks == {("t", K): 135}
+        False,
+    ]  # B down: the outage's writes reach A
+    assert s.observe([_at(112), {"t": {}}]) == [False, True]  # B back from its export
+    assert s.targets[1] == {("t", K): 110}
+    for _ in range(5):
+        assert s.observe([_at(130), _at(115)]) == [False, False]
 
 
 def test_writes_reaching_replicas_a_moment_apart_do_not_flag_the_later_one() -> None:
@@ -98,10 +137,17 @@ def test_a_replica_that_does_not_answer_keeps_what_the_last_poll_found() -> None
     assert s.observe([NoPositions.NO_ANSWER, _at(50)]) == [False, False]
 
 
-def test_a_gateway_started_after_a_regression_sees_it_only_against_another_replica() -> None:
+def test_a_replica_first_seen_behind_has_no_past_to_be_behind_of() -> None:
     s = ShardPositions(2)
     assert s.observe([_at(100), _at(50)]) == [False, False]  # no history: the first poll only sets marks
-    assert s.observe([_at(100), _at(50)]) == [False, True]
+    assert s.observe([_at(100), _at(50)]) == [False, False]  # positions of two replicas are not compared
+    assert s.observe([_at(100), _at(20)]) == [
+        False,
+        True,
+    ]  # once it goes back, it must reach the shard's marks
+    assert s.targets[1] == {("t", K): 100}
+    assert s.observe([_at(100), _at(60)]) == [False, True]
+    assert s.observe([_at(100), _at(100)]) == [False, False]
     every = ShardPositions(2)  # every replica regressed before the gateway started: nothing to compare with
     assert every.observe([_at(50), _at(50)]) == [False, False]
     assert every.observe([_at(50), _at(50)]) == [False, False]

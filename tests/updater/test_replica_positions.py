@@ -1,0 +1,182 @@
+"""Issue 21, item 7: a replica SIGKILLed and healed by the updater leaves neither replica flagged "catching up", and
+no answer is marked degraded while a caught-up replica serves it.
+
+Real parts: the session's Kafka broker, the small demo model on two serve-local replicas (A: entry + every PS shard;
+B: every PS shard), the updater and the gateway in this event loop (its position poller every 0.2 s). The stream
+writes one table only (the users'), so the other tables have no row in it: the case that exposed the bug.
+
+The sequence: rows published and applied on both replicas (the first write to each replica replays it from its
+export, which sets every table's position), more rows published, then B is SIGKILLed, restarted on its port (its
+export again: rows and positions gone) and healed by the updater alone (replayed from the position it reports, which
+sets *every* table's position to where the live loop is). Before the fix the gateway compared A's positions with B's:
+A, never restarted, had older positions for the tables the stream never wrote, so it was flagged "catching up" from
+then on (for good, as nothing writes those tables), and while B was catching up too every answer was marked
+``replica_catching_up``. Checked: the gateway never flags A, every answer from the first to the last carries no
+degraded mark, and once B has caught up (every key at its newest value on B) neither replica is flagged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from schemas.partition import shard_for
+from tests.support.kafka import Broker
+from tests.support.ports import free_port
+from tests.updater.harness import eventually, running, updater_settings
+from updater.producer import DeltaPublisher
+
+pytestmark = pytest.mark.integration
+
+_POLL_S = 0.2
+_MAX_PREDICTS = 4000  # bound of the background prediction loop
+
+
+class _Flags(logging.Handler):
+    """Collects the gateway's "PS replica catching up" warnings (one per replica flagged, with its target)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.flagged: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("PS replica catching up"):
+            self.flagged.append(str(getattr(record, "target", "?")))
+
+
+async def test_a_killed_replica_heals_and_neither_replica_stays_flagged_nor_answers_degraded(
+    kafka: Broker, demo_artifacts: Any, unique: str
+) -> None:
+    from tests.gateway.conftest import app_client
+    from tests.gateway.test_version_pinning import _metric
+    from tests.support.servers import serve_local
+    from tests.support.stack import embedding_model, exported_backends, ps_lookup
+
+    manifest = demo_artifacts.manifest
+    name, md = manifest.model_name, demo_artifacts.model_dir
+    table = next(f.table for f in manifest.sparse_features if f.name == "user_id")
+    dim = manifest.table(table).dim
+    users = np.unique(np.array([i["user_id"] for i in demo_artifacts.instances], dtype=np.int64))
+    ids = np.unique(np.concatenate([users, np.arange(500_000, 500_300, dtype=np.int64)]))
+    shards = shard_for(ids, manifest.num_shards)
+    rng = np.random.default_rng(21)
+    newest = rng.normal(0.0, 0.5, (len(ids), dim)).astype(np.float32)
+
+    port_a, port_b = free_port(), free_port()
+    a, b = f"127.0.0.1:{port_a}", f"127.0.0.1:{port_b}"
+    ps_only = exported_backends(md, entry=False)
+    model = embedding_model(md, entry=a, shards=[[a, b]] * manifest.num_shards)
+    body = json.dumps({"instances": demo_artifacts.instances})
+    flags = _Flags()
+    positions_log = logging.getLogger("embedgate.gateway.positions")
+    positions_log.addHandler(flags)
+    answers: list[str | None] = []  # the X-Embedgate-Degraded of every answer, in order
+
+    async def on_every_replica(target_rows: np.ndarray, targets: list[str]) -> bool:
+        for target in targets:
+            for s in range(manifest.num_shards):
+                mask = shards == s
+                try:
+                    got = await asyncio.to_thread(
+                        ps_lookup, target, f"{name}_ps_{s}", manifest, table, ids[mask]
+                    )
+                except grpc.RpcError:  # B restarting
+                    return False
+                if not np.array_equal(got, target_rows[mask]):
+                    return False
+        return True
+
+    try:
+        with contextlib.ExitStack() as stack:
+            await asyncio.to_thread(stack.enter_context, serve_local(exported_backends(md), port=port_a))
+            server_b = await asyncio.to_thread(stack.enter_context, serve_local(ps_only, port=port_b))
+            s = updater_settings(kafka, None, unique, models=[model])
+            async with (
+                app_client(models=[model], grpc={"position_poll_s": _POLL_S}) as gw,
+                running(s) as upd,
+                DeltaPublisher(kafka.bootstrap, topic=s["topics"][0]) as pub,
+            ):
+
+                async def catching_up() -> list[float]:
+                    text = (await gw.get("/metrics")).text
+                    return [
+                        _metric(text, "embedgate_replicas_catching_up", model=name, shard=str(sh))
+                        for sh in range(manifest.num_shards)
+                    ]
+
+                async def none_flagged() -> bool:
+                    return sum(await catching_up()) == 0
+
+                # ---- both replicas get the rows (and, through their first replay, a position for every table)
+                await pub.publish(manifest, table, ids, newest)
+                await eventually(lambda: on_every_replica(newest, [a, b]), 60, "phase 1 on A and B")
+                newest[::3] += 1.0
+                await pub.publish(manifest, table, ids[::3], newest[::3])
+                await eventually(lambda: on_every_replica(newest, [a, b]), 60, "phase 2 on A and B")
+                await eventually(none_flagged, 30, "the gateway sees both replicas caught up")
+
+                stop = asyncio.Event()
+
+                async def predict_loop() -> None:
+                    for _ in range(_MAX_PREDICTS):
+                        if stop.is_set():
+                            return
+                        r = await gw.post(f"/v1/models/{name}:predict", content=body)
+                        assert r.status_code == 200, r.text
+                        answers.append(r.headers.get("X-Embedgate-Degraded"))
+                        await asyncio.sleep(0.02)
+
+                predicting = asyncio.create_task(predict_loop())
+                try:
+                    # ---- B is SIGKILLed and comes back with its export: rows and positions gone
+                    catchups_before = (
+                        upd.metrics.registry.get_sample_value(
+                            "embedgate_updater_replica_catchups_total", {"model": name, "shard": "0"}
+                        )
+                        or 0.0
+                    )
+                    server_b.proc.send_signal(signal.SIGKILL)
+                    await asyncio.to_thread(server_b.proc.wait, 20)
+                    await asyncio.sleep(5 * _POLL_S)  # the outage: the gateway polls B in vain meanwhile
+                    await asyncio.to_thread(stack.enter_context, serve_local(ps_only, port=port_b))
+                    newest[1::3] += 2.0  # streaming goes on
+                    await pub.publish(manifest, table, ids[1::3], newest[1::3])
+
+                    # ---- the updater heals B by itself; then neither replica is flagged
+                    await eventually(
+                        lambda: on_every_replica(newest, [a, b]), 90, "every key at its newest on A and B"
+                    )
+                    catchups = (
+                        upd.metrics.registry.get_sample_value(
+                            "embedgate_updater_replica_catchups_total", {"model": name, "shard": "0"}
+                        )
+                        or 0.0
+                    )
+                    assert catchups > catchups_before, (
+                        "the premise: the updater found B behind and replayed it"
+                    )
+                    await eventually(none_flagged, 30, "neither replica flagged once B has caught up")
+                    healed_at = len(answers)
+                    while len(answers) < healed_at + 20 and not predicting.done():
+                        await asyncio.sleep(0.05)
+                    assert await catching_up() == [0.0] * manifest.num_shards
+                finally:
+                    stop.set()
+                    await predicting
+    finally:
+        positions_log.removeHandler(flags)
+
+    assert a not in flags.flagged, f"the never-restarted replica A was flagged catching up: {flags.flagged}"
+    assert len(answers) > 20
+    marked = [x for x in answers if x is not None]
+    assert marked == [], (
+        f"{len(marked)} of {len(answers)} answers marked degraded ({set(marked)}); A was caught up"
+    )
