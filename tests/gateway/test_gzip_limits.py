@@ -114,7 +114,9 @@ async def _app(backend: Any, **settings: Any) -> AsyncIterator[tuple[Any, httpx.
     from gateway.app import create_app
     from schemas.gateway_settings import GatewaySettings
 
-    app = create_app(GatewaySettings(models=passthrough_models(backend.target), **settings))
+    app = create_app(
+        GatewaySettings.model_validate({"models": passthrough_models(backend.target), **settings})
+    )
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:

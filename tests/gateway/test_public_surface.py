@@ -50,6 +50,7 @@ SURFACE = {
     ],
     "gateway.auth": ["Authenticator", "TokenEntry", "exposure_problem", "parse_tokens"],
     "gateway.limits": [
+        "RATIO_FLOOR",
         "BufferedBytes",
         "ParsePool",
         "check_structure",
