@@ -56,6 +56,7 @@ from gateway.errors import InvalidArgument, PayloadTooLarge, ResourceExhausted, 
 from schemas.gateway_settings import LimitsSettings
 
 __all__ = [
+    "RATIO_FLOOR",
     "BufferedBytes",
     "ParsePool",
     "check_structure",
@@ -330,7 +331,8 @@ async def read_body(
 
 
 _WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-RATIO_FLOOR: Final = 1024 * 1024  # decompressed bytes below which the ratio is not enforced (small bodies compress well)
+# Decompressed bytes below which the ratio is not enforced (small bodies may compress very well).
+RATIO_FLOOR: Final = 1024 * 1024
 _INFLATE_STEP: Final = 1024 * 1024  # decompressed bytes per zlib call
 
 

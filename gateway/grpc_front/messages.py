@@ -76,9 +76,10 @@ def check_message(kind: type[M], raw: bytes, limits: LimitsSettings, max_body_by
 
 def _parse(kind: type[M], raw: bytes) -> M:
     try:
-        return kind.FromString(raw)
+        message: M = kind.FromString(raw)
     except (DecodeError, RuntimeError, ValueError):  # upb: DecodeError; recursion and size guards: the others
         raise InvalidArgument(f"Cannot parse the {_NAMES.get(kind, 'request')} message") from None
+    return message
 
 
 def check_tensor(where: str, t: tfs_pb2.TensorProto, limits: LimitsSettings, max_body_bytes: int) -> int:
@@ -159,4 +160,3 @@ def _check_features(example: tfs_pb2.Example, where: str, cap: int) -> None:
                 f"feature {name!r} of {where} has {n} values, more than the limit of {cap} "
                 "(limits.max_ids_per_feature)"
             )
-

@@ -26,9 +26,11 @@ from google.protobuf.message import Message
 
 from gateway.core.requests import (
     ClassifyRequest,
+    ClassifyResult,
     MetadataRequest,
     PredictRequest,
     RegressRequest,
+    RegressResult,
     StatusRequest,
     VersionSpec,
 )
@@ -116,6 +118,24 @@ def _filtered(
                 f"{{{','.join(sorted(outputs))}}}."
             )
     return {name: outputs[name] for name in wanted}
+
+
+def _classify_reply(name: str, res: ClassifyResult) -> bytes:
+    """The serialized ClassificationResponse (pure; on the parse threads for a large request)."""
+    resp = tfs_pb2.ClassificationResponse(
+        model_spec=_reply_spec(name, res.version, res.signature), result=res.result
+    )
+    out: bytes = resp.SerializeToString()
+    return out
+
+
+def _regress_reply(name: str, res: RegressResult) -> bytes:
+    """The serialized RegressionResponse (pure; on the parse threads for a large request)."""
+    resp = tfs_pb2.RegressionResponse(
+        model_spec=_reply_spec(name, res.version, res.signature), result=res.result
+    )
+    out: bytes = resp.SerializeToString()
+    return out
 
 
 def _relayed(wire: bytes, name: str, signature: str) -> bytes:
@@ -276,10 +296,8 @@ class _Servicer:
         ms = request.model_spec
         req = ClassifyRequest(ms.name, _version_spec(ms), ms.signature_name, request.input)
         res = await self._gw.handle(req, deadline)
-        resp = tfs_pb2.ClassificationResponse(
-            model_spec=_reply_spec(ms.name, res.version, res.signature), result=res.result
-        )
-        return await offload(resp.SerializeToString), res.version, res.degraded
+        wire = await offload(_classify_reply, ms.name, res)
+        return wire, res.version, res.degraded
 
     async def regress(self, requests: object, context: grpc.aio.ServicerContext) -> bytes:
         return await self._serve("regress", tfs_pb2.RegressionRequest, context, self._regress)
@@ -290,10 +308,8 @@ class _Servicer:
         ms = request.model_spec
         req = RegressRequest(ms.name, _version_spec(ms), ms.signature_name, request.input)
         res = await self._gw.handle(req, deadline)
-        resp = tfs_pb2.RegressionResponse(
-            model_spec=_reply_spec(ms.name, res.version, res.signature), result=res.result
-        )
-        return await offload(resp.SerializeToString), res.version, res.degraded
+        wire = await offload(_regress_reply, ms.name, res)
+        return wire, res.version, res.degraded
 
     async def get_model_metadata(self, requests: object, context: grpc.aio.ServicerContext) -> bytes:
         return await self._serve("metadata", tfs_pb2.GetModelMetadataRequest, context, self._metadata)

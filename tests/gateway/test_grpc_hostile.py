@@ -86,7 +86,8 @@ class Gw:
         try:
             reply = fn(raw, timeout=_WAIT_S, metadata=metadata)
         except grpc.RpcError as exc:
-            return exc.code(), exc.details() or "", b""  # type: ignore[attr-defined]
+            return exc.code(), exc.details() or "", b""
+        assert isinstance(reply, bytes)
         return grpc.StatusCode.OK, "", reply
 
     def metric(self, name: str) -> float:
@@ -135,7 +136,7 @@ def gw(
         yield Gw(proc.url, f"http://127.0.0.1:{ops}", port, channel)
 
 
-def _tensor(shape: list[int], dtype: int = tfs_pb2.DataType.DT_FLOAT, **values: Any) -> tfs_pb2.TensorProto:
+def _tensor(shape: list[int], dtype: Any = tfs_pb2.DataType.DT_FLOAT, **values: Any) -> tfs_pb2.TensorProto:
     t = tfs_pb2.TensorProto(dtype=dtype)
     for size in shape:
         t.tensor_shape.dim.add().size = size
@@ -152,7 +153,8 @@ def _predict(model: str, **inputs: tfs_pb2.TensorProto) -> bytes:
     req.model_spec.name = model
     for name, t in inputs.items():
         req.inputs[name].CopyFrom(t)
-    return req.SerializeToString()
+    raw: bytes = req.SerializeToString()
+    return raw
 
 
 def _examples(kind: Any, model: str, n: int, values: int = 1, signature: str = "") -> bytes:
@@ -161,11 +163,11 @@ def _examples(kind: Any, model: str, n: int, values: int = 1, signature: str = "
     feature.float_list.value.extend([0.5] * values)
     example = tfs_pb2.Example()
     example.features.feature["x"].CopyFrom(feature)
-    req = kind()
+    req: Any = kind()
     req.model_spec.name = model
     req.model_spec.signature_name = signature
     # built on the wire (fast for 100k examples): Input.example_list (field 1) -> ExampleList.examples (field 1)
-    one = example.SerializeToString()
+    one: bytes = example.SerializeToString()
     example_list = (b"\x0a" + _varint(len(one)) + one) * n
     inp = b"\x0a" + _varint(len(example_list)) + example_list
     head: bytes = req.SerializeToString()
@@ -454,10 +456,12 @@ async def test_large_message_is_checked_off_the_event_loop(
     monkeypatch.setattr(servicer_module, "check_message", gate)
     port = free_port()
     app = create_app(
-        GatewaySettings(
-            models=passthrough_models(passthrough_backend.target),
-            grpc_port=port,
-            limits={"parse_processes": 1},
+        GatewaySettings.model_validate(
+            {
+                "models": passthrough_models(passthrough_backend.target),
+                "grpc_port": port,
+                "limits": {"parse_processes": 1},
+            }
         )
     )
     big = _examples(tfs_pb2.RegressionRequest, "cr", 20_000)

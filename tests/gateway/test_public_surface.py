@@ -52,6 +52,7 @@ SURFACE = {
     "gateway.admission": ["Admission", "GradientLimit", "Phase"],
     "gateway.auth": ["Authenticator", "TokenEntry", "exposure_problem", "parse_tokens"],
     "gateway.limits": [
+        "RATIO_FLOOR",
         "BufferedBytes",
         "ParsePool",
         "check_structure",

@@ -295,7 +295,7 @@ async def test_body_limit_and_gzip(make_client: Any) -> None:
         bomb = gzip.compress(json.dumps({"instances": [1.0] * 1000}).encode())
         assert len(bomb) < 100
         r = await client.post("/v1/models/half:predict", content=bomb, headers={"content-encoding": "gzip"})
-        assert r.status_code == 400 and "max_body_bytes" in err(r)
+        assert r.status_code == 413 and "max_body_bytes" in err(r)
 
 
 async def test_ops_endpoints_and_metrics(gw: httpx.AsyncClient) -> None:

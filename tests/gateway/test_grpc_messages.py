@@ -1,0 +1,118 @@
+"""gateway.grpc_front.messages (pure): parsing client messages and checking them against the limits."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.errors import InvalidArgument, PayloadTooLarge
+from gateway.grpc_front.messages import MAX_RANK, check_examples, check_message, check_tensor, parse_message
+from schemas.gateway_settings import LimitsSettings
+from schemas.proto import tfs_pb2
+
+_LIMITS = LimitsSettings(max_instances=1000, max_ids_per_feature=50)
+_MAX_BODY = 1 << 20
+DT = tfs_pb2.DataType
+
+
+def _tensor(shape: list[int], dtype: Any = DT.DT_FLOAT) -> tfs_pb2.TensorProto:
+    t = tfs_pb2.TensorProto(dtype=dtype)
+    for size in shape:
+        t.tensor_shape.dim.add().size = size
+    return t
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shape=st.lists(st.integers(-5, 2**62), max_size=6) | st.lists(st.integers(0, 40), max_size=8),
+    dtype=st.sampled_from([DT.DT_FLOAT, DT.DT_DOUBLE, DT.DT_INT8, DT.DT_STRING, DT.DT_BFLOAT16]),
+)
+def test_check_tensor_is_the_exact_size_or_the_right_error(shape: list[int], dtype: Any) -> None:
+    """Within the bounds: the exact decoded bytes; else InvalidArgument (negative) or PayloadTooLarge (sizes)."""
+    item = {DT.DT_FLOAT: 4, DT.DT_DOUBLE: 8, DT.DT_INT8: 1, DT.DT_STRING: 8, DT.DT_BFLOAT16: 8}[dtype]
+    t = _tensor(shape, dtype)
+    if any(s < 0 for s in shape):
+        with pytest.raises(InvalidArgument, match="sizes must be >= 0"):
+            check_tensor("input 'x'", t, _LIMITS, _MAX_BODY)
+    elif shape and shape[0] > _LIMITS.max_instances:
+        with pytest.raises(PayloadTooLarge, match="limits.max_instances"):
+            check_tensor("input 'x'", t, _LIMITS, _MAX_BODY)
+    elif math.prod(shape) * item > _MAX_BODY:
+        with pytest.raises(PayloadTooLarge, match=r"decodes to more than 1048576 bytes \(max_body_bytes\)"):
+            check_tensor("input 'x'", t, _LIMITS, _MAX_BODY)
+    else:
+        assert check_tensor("input 'x'", t, _LIMITS, _MAX_BODY) == math.prod(shape) * item
+
+
+def test_rank_and_unknown_rank() -> None:
+    assert check_tensor("x", _tensor([1] * MAX_RANK), _LIMITS, _MAX_BODY) == 4
+    with pytest.raises(
+        InvalidArgument, match=f"x: the tensor has {MAX_RANK + 1} dimensions, more than {MAX_RANK}"
+    ):
+        check_tensor("x", _tensor([1] * (MAX_RANK + 1)), _LIMITS, _MAX_BODY)
+    t = tfs_pb2.TensorProto(dtype=DT.DT_FLOAT)
+    t.tensor_shape.unknown_rank = True
+    assert check_tensor("x", t, _LIMITS, _MAX_BODY) == 0
+    long_shape = [1] * 20 + [2**60]
+    with pytest.raises(PayloadTooLarge, match=r"\[1, 1, 1, 1, 1, 1, 1, 1, \.\.\.\] \(21 dimensions\)"):
+        check_tensor("x", _tensor(long_shape), _LIMITS, _MAX_BODY)
+
+
+def _examples(n: int, values: int, context: bool = False) -> tfs_pb2.Input:
+    inp = tfs_pb2.Input()
+    target = inp.example_list_with_context if context else inp.example_list
+    for _ in range(n):
+        target.examples.add().features.feature["f"].int64_list.value.extend(range(values))
+    if context:
+        inp.example_list_with_context.context.features.feature["c"].bytes_list.value.extend([b"a"] * values)
+    return inp
+
+
+def test_check_examples() -> None:
+    check_examples(_examples(1000, 50), _LIMITS)
+    check_examples(tfs_pb2.Input(), _LIMITS)  # no examples at all: the core words that error
+    with pytest.raises(PayloadTooLarge, match="the input has 1001 examples, more than the limit of 1000"):
+        check_examples(_examples(1001, 1), _LIMITS)
+    with pytest.raises(PayloadTooLarge, match="feature 'f' of example 0 has 51 values"):
+        check_examples(_examples(2, 51), _LIMITS)
+    with pytest.raises(PayloadTooLarge, match="feature 'c' of the context has 51 values"):
+        check_examples(_examples(0, 51, context=True), _LIMITS)
+    check_examples(_examples(2, 51), _LIMITS, per_feature=False)
+
+
+def test_parse_message_names_the_message_and_nothing_internal() -> None:
+    for kind, name in (
+        (tfs_pb2.PredictRequest, "PredictRequest"),
+        (tfs_pb2.ClassificationRequest, "ClassificationRequest"),
+        (tfs_pb2.RegressionRequest, "RegressionRequest"),
+        (tfs_pb2.GetModelMetadataRequest, "GetModelMetadataRequest"),
+        (tfs_pb2.GetModelStatusRequest, "GetModelStatusRequest"),
+    ):
+        with pytest.raises(InvalidArgument) as exc:
+            parse_message(kind, b"\xff\xff\xff", _LIMITS, _MAX_BODY)
+        assert exc.value.message == f"Cannot parse the {name} message"
+        assert exc.value.__cause__ is None and exc.value.__suppress_context__
+
+
+def test_parse_message_checks_and_sizes() -> None:
+    req = tfs_pb2.PredictRequest()
+    req.inputs["a"].CopyFrom(_tensor([3, 2]))
+    req.inputs["s"].CopyFrom(_tensor([3], DT.DT_STRING))
+    parsed = parse_message(tfs_pb2.PredictRequest, req.SerializeToString(), _LIMITS, _MAX_BODY)
+    assert parsed.decoded_bytes == 3 * 2 * 4 + 3 * 8 and set(parsed.message.inputs) == {"a", "s"}
+    assert check_message(tfs_pb2.PredictRequest, req.SerializeToString(), _LIMITS, _MAX_BODY) == 48
+    req.inputs["b"].CopyFrom(_tensor([1, -1]))
+    with pytest.raises(InvalidArgument, match="input 'b': dimension 1 of the tensor shape is -1"):
+        parse_message(tfs_pb2.PredictRequest, req.SerializeToString(), _LIMITS, _MAX_BODY)
+    reg = tfs_pb2.RegressionRequest(input=_examples(2, 51))
+    raw = reg.SerializeToString()
+    assert len(raw) > _LIMITS.max_ids_per_feature  # large enough for the per-feature pass
+    with pytest.raises(PayloadTooLarge, match="max_ids_per_feature"):
+        parse_message(tfs_pb2.RegressionRequest, raw, _LIMITS, _MAX_BODY)
+    cls = tfs_pb2.ClassificationRequest(input=_examples(1001, 0))
+    with pytest.raises(PayloadTooLarge, match="max_instances"):
+        parse_message(tfs_pb2.ClassificationRequest, cls.SerializeToString(), _LIMITS, _MAX_BODY)
