@@ -321,7 +321,11 @@ class Stack:
         out = self.work / "models"
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
         cmd = [_python(), "-m", "embedgate", "demo-model", "--out", str(out), "--name", _MODEL, "--small"]
-        subprocess.run(cmd, check=True, cwd=_REPO, env=env, capture_output=True, timeout=600)
+        built = subprocess.run(
+            cmd, cwd=_REPO, env=env, capture_output=True, text=True, timeout=600, check=False
+        )
+        if built.returncode != 0:
+            raise RuntimeError(f"embedgate demo-model failed: {built.stderr[-2000:]}")
         self.model_dir = out / _MODEL
         self.manifest = Manifest.load(self.model_dir)
         self.instances = json.loads((self.model_dir / "example_request.json").read_text())["instances"]

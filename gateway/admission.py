@@ -15,7 +15,8 @@ in milliseconds and an admitted one is served at the unloaded speed.
   admission to the answer; only requests answered OK are samples. With ``adaptive: false`` the limit is
   ``max_in_flight``.
 * :class:`Admission` (one event loop, not thread-safe): admits while fewer than ``limit`` are in flight; otherwise a
-  request waits in a FIFO queue of at most ``max_queue`` requests for at most ``queue_timeout_s``. A request that finds
+  request waits in a FIFO queue of at most ``max_queue`` requests (and at most the current limit) for at most
+  ``queue_timeout_s``. A request that finds
   the queue full is refused at once (reason ``queue_full``), one that waited the whole budget is shed
   (``queue_timeout``). Refusals are ``ResourceExhausted`` (HTTP 429, gRPC RESOURCE_EXHAUSTED) or ``Unavailable``
   (``overload_status: 503``), with ``Retry-After``; each is counted in ``embedgate_admission_shed_total{reason}``.
@@ -194,6 +195,12 @@ class Admission:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def queue_room(self) -> int:
+        """Requests that may wait at once: ``max_queue``, and never more than the current limit, so a full queue holds
+        about one round trip of work (under sustained overload the refusals are then immediate, not timeouts)."""
+        return min(self._max_queue, self.policy.limit)
+
     def acquire(self) -> float:
         """Admit now or raise (never waits); returns the admission time (the clock's)."""
         if self._waiters or not self.policy.try_acquire():
@@ -207,7 +214,7 @@ class Admission:
         slot it was just handed) and re-raises."""
         if not self._waiters and self.policy.try_acquire():
             return self._clock()
-        if self._queue_timeout <= 0 or len(self._waiters) >= self._max_queue:
+        if self._queue_timeout <= 0 or len(self._waiters) >= self.queue_room:
             raise self._shed("queue_full")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)

@@ -191,22 +191,24 @@ def _shed(metrics: Metrics, reason: str) -> float:
 
 async def test_queue_admits_in_order_when_slots_free() -> None:
     metrics = Metrics()
-    adm = Admission(1, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=30, max_queue=2), metrics)
-    first = await adm.admit()
+    adm = Admission(2, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=30, max_queue=5), metrics)
+    assert adm.queue_room == 2  # never more waiting than the limit
+    first = [await adm.admit() for _ in range(2)]
     waiting = [asyncio.create_task(adm.admit()) for _ in range(2)]
     await asyncio.sleep(0)
-    assert adm.waiting == 2 and adm.current == 1
-    with pytest.raises(ResourceExhausted, match=r"concurrency limit of 1 \(max_in_flight=1\), 2 waiting"):
+    assert adm.waiting == 2 and adm.current == 2
+    with pytest.raises(ResourceExhausted, match=r"concurrency limit of 2 \(max_in_flight=2\), 2 waiting"):
         await adm.admit()  # the queue is full: refused at once
     assert _shed(metrics, "queue_full") == 1
-    adm.release(first)
+    adm.release(first[0])
     await waiting[0]  # FIFO: the first waiter got the slot, the second still waits
-    assert adm.waiting == 1 and not waiting[1].done() and adm.current == 1
+    assert adm.waiting == 1 and not waiting[1].done() and adm.current == 2
     adm.release(None)
     await asyncio.gather(*waiting)
-    assert adm.current == 1 and adm.waiting == 0
+    assert adm.current == 2 and adm.waiting == 0
     assert metrics.registry.get_sample_value("embedgate_admission_queue_wait_seconds_count") == 2
-    assert metrics.registry.get_sample_value("embedgate_admission_limit") == 1
+    assert metrics.registry.get_sample_value("embedgate_admission_limit") == 2
+    assert Admission(300, 429, 1, AdmissionSettings(adaptive=False, max_queue=5)).queue_room == 5
 
 
 async def test_queue_sheds_what_waited_too_long() -> None:
