@@ -214,60 +214,82 @@ def overload_result(
 # ---- the /healthz prober --------------------------------------------------------------------------------------------
 
 
-class HealthzProbe:
-    """A thread asking ``url`` every 20 ms on one keep-alive connection; :meth:`span` gives the longest round trip
-    of a block (a probe that fails or times out counts with the time it took)."""
+_PROBER = """
+import http.client, sys, time
+host, port, every = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+conn = None
+while True:
+    t = time.monotonic()
+    try:
+        if conn is None:
+            conn = http.client.HTTPConnection(host, port, timeout=60)
+        conn.request("GET", "/healthz")
+        conn.getresponse().read()
+    except (OSError, http.client.HTTPException):
+        conn = None
+    print(f"{t} {time.monotonic()}", flush=True)
+    time.sleep(every)
+"""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._worst = 0.0
-        self._busy_since: float | None = None  # perf_counter when the probe now in flight was sent
-        self._stop = threading.Event()
+
+class HealthzProbe:
+    """A child process asking ``/healthz`` on ``host:port`` every 20 ms on one keep-alive connection (its own process,
+    so nothing the benchmark does holds it up) and reporting each probe's send and answer times (CLOCK_MONOTONIC,
+    shared by the processes); :meth:`span` gives the longest round trip of a block (a probe that fails counts with the
+    time it took)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._args = [host, str(port), str(_PROBE_EVERY_S)]
+        self._probes: list[tuple[float, float]] = []  # (sent, answered)
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="healthz-probe", daemon=True)
+        self._proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
 
     def __enter__(self) -> HealthzProbe:
-        self._thread.start()
+        self._proc = subprocess.Popen(
+            [_python(), "-c", _PROBER, *self._args],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, name="healthz-probe", daemon=True)
+        self._reader.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(_CALL_S + 5)
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait(10)
+        if self._reader is not None:
+            self._reader.join(10)
 
-    def _run(self) -> None:
-        import httpx
-
-        with httpx.Client(timeout=_CALL_S) as client:
-            while not self._stop.is_set():
-                t = time.perf_counter()
-                with self._lock:
-                    self._busy_since = t
-                with contextlib.suppress(httpx.HTTPError):
-                    client.get(self.url)
-                took = time.perf_counter() - t
-                with self._lock:
-                    self._busy_since = None
-                    self._worst = max(self._worst, took)
-                self._stop.wait(_PROBE_EVERY_S)
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            sent, answered = (float(x) for x in line.split())
+            with self._lock:
+                self._probes.append((sent, answered))
 
     @contextlib.contextmanager
     def span(self, out: list[float]) -> Iterator[None]:
-        """Longest round trip (ms) from the block's start until a probe after its end, appended to ``out``."""
-        with self._lock:
-            self._worst = 0.0
+        """Longest round trip (ms) of the probes answered from the block's start until the first probe sent after its
+        end is answered (bounded), appended to ``out``."""
+        t0 = time.monotonic()
         try:
             yield
         finally:
-            time.sleep(2 * _PROBE_EVERY_S + 0.05)  # a probe sent after the class's last request
-            deadline = time.monotonic() + _CALL_S
+            t1 = time.monotonic()
+            deadline = t1 + _CALL_S + 5
             while time.monotonic() < deadline:  # a probe stuck behind the class counts once it returns
                 with self._lock:
-                    busy = self._busy_since
-                if busy is None or time.perf_counter() - busy < 0.05:
+                    done = any(sent >= t1 for sent, _ in self._probes[-5:])
+                if done or self._proc is None or self._proc.poll() is not None:
                     break
                 time.sleep(_PROBE_EVERY_S)
             with self._lock:
-                out.append(self._worst * 1000)
+                worst = max((a - s for s, a in self._probes if a >= t0), default=0.0)
+                self._probes = self._probes[-5:]
+            out.append(worst * 1000)
 
 
 # ---- the stack ------------------------------------------------------------------------------------------------------
@@ -1176,7 +1198,7 @@ _LIMIT_S: Final = {"overload": 240.0, "error_strings": 240.0, "replica_kill_heal
 
 async def _run(st: Stack, names: Sequence[str]) -> list[ClassResult]:
     results: list[ClassResult] = []
-    with HealthzProbe(f"{st.ops}/healthz") as probe:
+    with HealthzProbe("127.0.0.1", st.ops_port) as probe:
         for name in names:
             _say(f"class {name} ...")
             limit = _LIMIT_S.get(name, 120.0)
