@@ -444,8 +444,9 @@ async def _rest(
 
 async def _grpc(
     st: Stack, calls: Sequence[tuple[str, bytes]], concurrency: int, metadata: dict[str, str] | None
-) -> tuple[list[str], list[str]]:
-    """(method path, serialized request) calls, ``concurrency`` at a time; status code names and details."""
+) -> tuple[list[str], list[str], list[float]]:
+    """(method path, serialized request) calls, ``concurrency`` at a time; status code names, details and latencies
+    (ms)."""
     import grpc
 
     sem = asyncio.Semaphore(concurrency)
@@ -453,17 +454,18 @@ async def _grpc(
     md = tuple(metadata.items()) if metadata else None
     async with grpc.aio.insecure_channel(st.grpc_target, options=opts) as ch:
 
-        async def one(method: str, payload: bytes) -> tuple[str, str]:
+        async def one(method: str, payload: bytes) -> tuple[str, str, float]:
             async with sem:
                 call = ch.unary_unary(method, request_serializer=None, response_deserializer=None)
+                t = time.perf_counter()
                 try:
                     await call(payload, timeout=_CALL_S, metadata=md)
                 except grpc.aio.AioRpcError as exc:
-                    return exc.code().name, exc.details() or ""
-                return "OK", ""
+                    return exc.code().name, exc.details() or "", (time.perf_counter() - t) * 1000
+                return "OK", "", (time.perf_counter() - t) * 1000
 
         done = await asyncio.gather(*(one(m, p) for m, p in calls))
-    return [c for c, _ in done], [d for _, d in done]
+    return [c for c, _, _ in done], [d for _, d, _ in done], [t for _, _, t in done]
 
 
 def _json(doc: Any) -> bytes:
@@ -472,7 +474,7 @@ def _json(doc: Any) -> bytes:
 
 def _post(
     st: Stack, path: str, body: bytes, extra: dict[str, str] | None = None
-) -> tuple[str, str, bytes, dict[str, str]]:
+) -> tuple[str, str, bytes | None, dict[str, str]]:
     return "POST", path, body, {"content-type": "application/json", **st.auth, **(extra or {})}
 
 
@@ -647,7 +649,9 @@ async def error_strings(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
     for size in sizes:
         text = "a." * (size // 2)
         body = instances[:-1] + b', "signature_name": ' + _json(text) + b"}"
-        calls = [_post(st, f"/v1/models/{_MODEL}:predict", body)]
+        calls: list[tuple[str, str, bytes | None, dict[str, str]]] = [
+            _post(st, f"/v1/models/{_MODEL}:predict", body)
+        ]
         if size <= 100_000:
             calls.append(("GET", f"/v1/models/{text}", None, st.auth))
         t = time.perf_counter()
@@ -668,7 +672,7 @@ async def error_strings(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
             reqs.append((_STATUS, tfs_pb2.GetModelStatusRequest(model_spec=spec).SerializeToString()))
         reqs.append((_SVC + "Predict", _predict_bytes(st, 1, signature=text)))
         t = time.perf_counter()
-        gcodes, _ = await _grpc(st, reqs, 4, st.auth)
+        gcodes, _, _ = await _grpc(st, reqs, 4, st.auth)
         gtook = time.perf_counter() - t
         grpc_codes += gcodes
         notes_grpc.append(f"{size // 1000:,} KB: {_hist(gcodes)} in {gtook:.1f} s")
@@ -697,7 +701,7 @@ async def health_flood(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
     check = health_pb2.HealthCheckRequest(service="").SerializeToString()
     t0 = time.perf_counter()
     predict = _predict_bytes(st, 4)
-    (rest_codes, _), (grpc_codes, _), (pred_codes, pred_ms) = await asyncio.gather(
+    (rest_codes, _), (grpc_codes, _, _), (pred_codes, _, pred_ms) = await asyncio.gather(
         _rest(st, [("GET", "/readyz", None, {})] * n_rest, 64),
         _grpc(st, [(_HEALTH, check)] * n_grpc, 64, None),
         _grpc(st, [(_SVC + "Predict", predict)] * 20, 1, st.auth),
@@ -709,7 +713,7 @@ async def health_flood(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
     backends = 1 + 2 * st.manifest.num_shards  # entry + each shard's two replicas
     per_poll = probes / backends / max(seconds / POLL_INTERVAL_S, 1.0)
     # Health.Check without a token: does it tell a configured model from an unknown one?
-    named, _ = await _grpc(
+    named, _, _ = await _grpc(
         st,
         [
             (_HEALTH, health_pb2.HealthCheckRequest(service=_MODEL).SerializeToString()),
@@ -770,7 +774,7 @@ async def grpc_large_no_token(st: Stack, probe: HealthzProbe) -> list[ClassResul
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        codes, _ = await _grpc(st, [(_SVC + "Predict", payload)] * n, n, None)
+        codes, _, _ = await _grpc(st, [(_SVC + "Predict", payload)] * n, n, None)
     finally:
         stop.set()
         sampler.join(5)
@@ -797,7 +801,7 @@ async def big_batches(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
     notes: list[str] = []
     for method, payload in calls:  # one at a time, as the audit did
         t = time.perf_counter()
-        c, _ = await _grpc(st, [(method, payload)], 1, st.auth)
+        c, _, _ = await _grpc(st, [(method, payload)], 1, st.auth)
         codes += c
         notes.append(
             f"{method.rsplit('/', 1)[1]} {len(payload) / 1e6:.0f} MB: {c[0]} in {time.perf_counter() - t:.1f} s"
@@ -839,7 +843,7 @@ async def shape_bombs(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
     }
     reps = 2
     calls = [(_SVC + "Predict", p) for p in bombs.values() for _ in range(reps)]
-    codes, _ = await _grpc(st, calls, 4, st.auth)
+    codes, _, _ = await _grpc(st, calls, 4, st.auth)
     per = [f"{name}: {_hist(codes[i * reps : (i + 1) * reps])}" for i, name in enumerate(bombs)]
     return [
         ClassResult("shape_bombs", "gRPC", len(calls), internal_unknown=_bad(codes), outcome="; ".join(per))
@@ -876,7 +880,7 @@ def _malformed_payloads(st: Stack, n: int, seed: int = 7) -> list[tuple[str, byt
 async def malformed(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
     n = 100 if st.quick else 250
     calls = _malformed_payloads(st, n)
-    codes, details = await _grpc(st, calls, 16, st.auth)
+    codes, details, _ = await _grpc(st, calls, 16, st.auth)
     leaks = sum(1 for d in details if _INTERNALS.search(d))
     rng = random.Random(11)
     bodies = []
