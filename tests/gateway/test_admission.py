@@ -6,8 +6,9 @@ import asyncio
 import math
 
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
-from gateway.admission import Admission, GradientLimit, Phase
+from gateway.admission import Admission, GradientLimit, Phase, ShedMiddleware
 from gateway.errors import ResourceExhausted, Unavailable
 from gateway.metrics import Metrics
 from schemas.gateway_settings import AdmissionSettings
@@ -267,3 +268,33 @@ async def test_adaptive_admission_reports_its_limit() -> None:
     assert adm.limit == 64
     assert metrics.registry.get_sample_value("embedgate_admission_limit") == 64
     assert math.isclose(metrics.registry.get_sample_value("embedgate_admission_min_rtt_seconds") or 0, 0.01)
+
+
+async def test_shed_middleware_refuses_before_anything_reads_the_request() -> None:
+    metrics = Metrics()
+    adm = Admission(1, 429, 2, AdmissionSettings(adaptive=False, queue_timeout_s=0), metrics)
+    inner: list[str] = []
+    sent: list[dict[str, object]] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        inner.append(scope["path"])
+
+    async def receive() -> Message:
+        raise AssertionError("the body must not be read")
+
+    async def send(message: Message) -> None:
+        sent.append(dict(message))
+
+    mw = ShedMiddleware(app, adm, metrics)
+    scope: Scope = {"type": "http", "path": "/v1/models/m:predict"}
+    await mw(scope, receive, send)  # a free slot: passed on
+    assert inner == ["/v1/models/m:predict"] and not sent
+    await adm.admit()
+    await mw({"type": "http", "path": "/healthz"}, receive, send)  # probes are never refused
+    await mw({"type": "http", "path": "/V1/models/m"}, receive, send)
+    assert inner == ["/v1/models/m:predict", "/healthz"]
+    assert sent[0]["status"] == 429
+    assert (b"retry-after", b"2") in sent[0]["headers"]  # type: ignore[operator]
+    assert b"max_in_flight=1" in sent[1]["body"]  # type: ignore[operator]
+    assert _shed(metrics, "queue_full") == 1
+    assert metrics.registry.get_sample_value("embedgate_requests_rejected_total") == 1
