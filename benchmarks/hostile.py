@@ -1031,6 +1031,9 @@ def _ghz(
     return codes, lat
 
 
+_SHED_REASONS: Final = ("queue_full", "queue_timeout")
+
+
 def _capacity(codes: Sequence[str], seconds: float) -> float:
     return sum(1 for c in codes if c == "OK") / seconds
 
@@ -1072,10 +1075,18 @@ async def overload(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
         _say(f"{front} capacity {capacity:.0f}/s ({_hist(codes)})")
         await asyncio.sleep(2)  # let the gateway settle (adaptive limit) between runs
         for factor in (1.5, 3.0):
+            shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
             with probe.span(spans):
                 codes, lat = await asyncio.to_thread(run, factor * capacity, seconds, 256)
             r = overload_result(f"overload_{factor:g}x", front, codes, lat, seconds, capacity)
             r.healthz_ms = spans[-1]
+            shed = {
+                k: st.metric("embedgate_admission_shed_total", {"reason": k}) - v for k, v in shed0.items()
+            }
+            r.outcome += (
+                f"; gateway: shed {', '.join(f'{n:.0f} {k}' for k, n in shed.items())}, admission limit "
+                f"{st.metric('embedgate_admission_limit'):.0f} at the end"
+            )
             results.append(r)
             _say(f"{r.name} {front}: {r.outcome}")
             await asyncio.sleep(2)
