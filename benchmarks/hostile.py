@@ -23,8 +23,10 @@ Classes (REST and gRPC where the class applies), each bounded in count and time,
 * ``malformed``: 250 malformed protobuf messages over the five gRPC methods; 250 malformed JSON bodies over REST.
 * ``gzip_bombs``: 20 concurrent REST bodies of 1 GiB of zeros gzipped to about 1 MB (valid token).
 * ``overload_1.5x`` / ``overload_3x``: open-loop load at 1.5x and 3x the capacity measured just before (closed loop,
-  16 clients): vegeta (REST) and ghz (gRPC) from ``.cache/go-bin`` (``make bench-tools``). Goodput is answers OK per
-  second / capacity; the median latency of the 429 / RESOURCE_EXHAUSTED answers and the p99 of the OK ones.
+  16 clients): vegeta (REST) and ghz (gRPC, with up to 3 s of calls in flight) from ``.cache/go-bin``
+  (``make bench-tools``). Goodput is answers OK per second / capacity, the capacity being the better of the
+  measurements before and after the two runs (the machine is shared); the median latency of the 429 /
+  RESOURCE_EXHAUSTED answers and the p99 of the OK ones.
 * ``replica_kill_heal``: replica B SIGKILLed under REST + gRPC predicts, started again, then (once no replica is
   flagged catching up, bounded) answers marked degraded are counted.
 
@@ -980,7 +982,8 @@ def _vegeta(
 def _ghz(
     st: Stack, payload: bytes, protoset: Path, rate: float, seconds: float, clients: int
 ) -> tuple[list[str], list[float]]:
-    """ghz Predict calls at ``rate``/s (0: closed loop) with ``clients`` workers; per-request outcomes, latencies (ms)."""
+    """ghz Predict calls at ``rate``/s (0: closed loop) with ``clients`` workers (many: close to an open loop, ghz
+    only sends while a worker is free); per-request outcomes and latencies (ms)."""
     ghz = _tool("ghz")
     assert ghz is not None
     with tempfile.TemporaryDirectory(prefix="hostile-ghz-") as tmp:
@@ -1001,7 +1004,7 @@ def _ghz(
             "--concurrency",
             str(clients),
             "--connections",
-            str(min(clients, 8)),
+            str(max(1, min(64, clients // 50))),
             "--duration",
             f"{seconds}s",
             "--timeout",
@@ -1068,28 +1071,40 @@ async def overload(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
         def run(rate: float, secs: float, workers: int, front: str = front) -> tuple[list[str], list[float]]:
             if front == "REST":
                 return _vegeta(st, body, rate, secs, workers)
+            if rate > 0:  # one ghz worker per call in flight: enough of them for 3 s of calls at the rate
+                workers = int(min(3000, max(workers, 3 * rate)))
             return _ghz(st, payload, protoset, rate, secs, workers)
 
         codes, _ = await asyncio.to_thread(run, 0, cap_s, 16)
-        capacity = _capacity(codes, cap_s)
-        _say(f"{front} capacity {capacity:.0f}/s ({_hist(codes)})")
+        before = _capacity(codes, cap_s)
+        _say(f"{front} capacity {before:.0f}/s ({_hist(codes)})")
         await asyncio.sleep(2)  # let the gateway settle (adaptive limit) between runs
+        runs: list[tuple[float, list[str], list[float], float, str]] = []
         for factor in (1.5, 3.0):
             shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
             with probe.span(spans):
-                codes, lat = await asyncio.to_thread(run, factor * capacity, seconds, 256)
-            r = overload_result(f"overload_{factor:g}x", front, codes, lat, seconds, capacity)
-            r.healthz_ms = spans[-1]
+                codes, lat = await asyncio.to_thread(run, factor * before, seconds, 256)
             shed = {
                 k: st.metric("embedgate_admission_shed_total", {"reason": k}) - v for k, v in shed0.items()
             }
-            r.outcome += (
+            gw = (
                 f"; gateway: shed {', '.join(f'{n:.0f} {k}' for k, n in shed.items())}, admission limit "
                 f"{st.metric('embedgate_admission_limit'):.0f} at the end"
             )
+            runs.append((factor, codes, lat, spans[-1], gw))
+            await asyncio.sleep(2)
+        codes, _ = await asyncio.to_thread(run, 0, cap_s, 16)
+        after = _capacity(codes, cap_s)
+        capacity = max(
+            before, after
+        )  # the machine is shared: judge against the better of the two measurements
+        _say(f"{front} capacity after the runs {after:.0f}/s; judged against {capacity:.0f}/s")
+        for factor, codes, lat, healthz_ms, gw in runs:
+            r = overload_result(f"overload_{factor:g}x", front, codes, lat, seconds, capacity)
+            r.healthz_ms = healthz_ms
+            r.outcome = f"offered {factor * before:,.0f}/s; " + r.outcome + gw
             results.append(r)
             _say(f"{r.name} {front}: {r.outcome}")
-            await asyncio.sleep(2)
     return results
 
 
