@@ -15,10 +15,12 @@ in milliseconds and an admitted one is served at the unloaded speed.
   admission to the answer; only requests answered OK are samples. With ``adaptive: false`` the limit is
   ``max_in_flight``.
 * :class:`Admission` (one event loop, not thread-safe): admits while fewer than ``limit`` are in flight; otherwise a
-  request waits in a FIFO queue of at most ``max_queue`` requests for at most ``queue_timeout_s``. A request that finds
+  request waits in a FIFO queue of at most ``max_queue`` requests (and at most the current limit) for at most
+  ``queue_timeout_s``. A request that finds
   the queue full is refused at once (reason ``queue_full``), one that waited the whole budget is shed
   (``queue_timeout``). Refusals are ``ResourceExhausted`` (HTTP 429, gRPC RESOURCE_EXHAUSTED) or ``Unavailable``
   (``overload_status: 503``), with ``Retry-After``; each is counted in ``embedgate_admission_shed_total{reason}``.
+* :class:`ShedMiddleware` (REST): while a request would be refused anyway, refuses it before anything reads it.
 """
 
 from __future__ import annotations
@@ -33,13 +35,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.codec.json_tensor import error_body
 from gateway.errors import GatewayError, ResourceExhausted, Unavailable
 from schemas.gateway_settings import AdmissionSettings
 
 if TYPE_CHECKING:
     from gateway.metrics import Metrics
 
-__all__ = ["Admission", "GradientLimit", "Phase"]
+__all__ = ["Admission", "GradientLimit", "Phase", "ShedMiddleware"]
 
 _MIN_GRADIENT: Final = 0.5
 _MAX_GRADIENT: Final = 2.0
@@ -91,15 +96,19 @@ class GradientLimit:
         return self.in_flight < int(self._limit)
 
     def try_acquire(self) -> bool:
-        """Take a slot if one is free (True); else note the contention (False). The first contention starts the
-        first measurement of ``min_rtt``: a gateway that never ran out of slots never holds its limit down."""
+        """Take a slot if one is free (True); else :meth:`note_contention` (False)."""
         if self.in_flight >= int(self._limit):
-            self._contended = True
-            if self.phase is Phase.UNMEASURED:
-                self._measure(self._clock())
+            self.note_contention()
             return False
         self.in_flight += 1
         return True
+
+    def note_contention(self) -> None:
+        """A request found the limit full. The first contention starts the first measurement of ``min_rtt``: a gateway
+        that never ran out of slots never holds its limit down."""
+        self._contended = True
+        if self.phase is Phase.UNMEASURED:
+            self._measure(self._clock())
 
     def release(self, admitted_at: float | None) -> None:
         """Give a slot back; ``admitted_at`` (the clock when it was taken) makes its round trip a sample."""
@@ -194,6 +203,26 @@ class Admission:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def queue_room(self) -> int:
+        """Requests that may wait at once: ``max_queue``, and never more than the current limit, so a full queue holds
+        about one round trip of work (under sustained overload the refusals are then immediate, not timeouts)."""
+        return min(self._max_queue, self.policy.limit)
+
+    def saturated(self) -> bool:
+        """Whether a request arriving now would be refused at once (no free slot, the queue full or off). Notes the
+        contention in the policy, as a refused :meth:`admit` would."""
+        if not self._waiters and self.policy.has_room():
+            return False
+        if self._queue_timeout > 0 and len(self._waiters) < self.queue_room:
+            return False
+        self.policy.note_contention()
+        return True
+
+    def refuse(self) -> GatewayError:
+        """The refusal of a request found :meth:`saturated` (counted as shed, reason ``queue_full``)."""
+        return self._shed("queue_full")
+
     def acquire(self) -> float:
         """Admit now or raise (never waits); returns the admission time (the clock's)."""
         if self._waiters or not self.policy.try_acquire():
@@ -207,7 +236,7 @@ class Admission:
         slot it was just handed) and re-raises."""
         if not self._waiters and self.policy.try_acquire():
             return self._clock()
-        if self._queue_timeout <= 0 or len(self._waiters) >= self._max_queue:
+        if self._queue_timeout <= 0 or len(self._waiters) >= self.queue_room:
             raise self._shed("queue_full")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
@@ -268,3 +297,30 @@ class Admission:
             )
         err_cls = ResourceExhausted if self._status == 429 else Unavailable
         return err_cls(msg, retry_after=self._retry_after)
+
+
+class ShedMiddleware:
+    """ASGI middleware refusing ``/v1/...`` requests at once while :meth:`Admission.saturated` says they would be
+    refused anyway: before the request id, the token check, the body or the routing, so a refusal under overload costs
+    as little as the HTTP server allows. Counted as shed (``queue_full``), rejected, and in ``requests_total`` as
+    model ``_other``, api ``other``, outcome RESOURCE_EXHAUSTED / UNAVAILABLE. Without a token the answer is the same
+    429 (it tells nothing about models)."""
+
+    def __init__(self, app: ASGIApp, admission: Admission, metrics: Metrics) -> None:
+        self.app = app
+        self.admission = admission
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"][:4].lower() != "/v1/" or not self.admission.saturated():
+            await self.app(scope, receive, send)
+            return
+        err = self.admission.refuse()
+        self.metrics.rejected.inc()
+        self.metrics.requests.labels("_other", "", "other", err.code.name).inc()
+        body = error_body(err.message)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if err.retry_after is not None:
+            headers.append((b"retry-after", str(int(err.retry_after)).encode()))
+        await send({"type": "http.response.start", "status": err.http_status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

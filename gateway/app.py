@@ -17,7 +17,7 @@ import uuid
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.admission import Admission
+from gateway.admission import Admission, ShedMiddleware
 from gateway.auth import Authenticator, exposure_problem
 from gateway.codec.json_tensor import error_body
 from gateway.lifespan import Runtime, lifespan
@@ -167,6 +167,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         max_headers=lim.max_headers,
         max_header_bytes=lim.max_header_bytes,
     )
+    app.add_middleware(
+        ShedMiddleware, admission=runtime.limiter, metrics=metrics
+    )  # outermost: refusals cost least
     if split:
         app.state.ops_app = _ops_app(runtime, manifests)
     return app

@@ -6,8 +6,9 @@ import asyncio
 import math
 
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
-from gateway.admission import Admission, GradientLimit, Phase
+from gateway.admission import Admission, GradientLimit, Phase, ShedMiddleware
 from gateway.errors import ResourceExhausted, Unavailable
 from gateway.metrics import Metrics
 from schemas.gateway_settings import AdmissionSettings
@@ -191,22 +192,24 @@ def _shed(metrics: Metrics, reason: str) -> float:
 
 async def test_queue_admits_in_order_when_slots_free() -> None:
     metrics = Metrics()
-    adm = Admission(1, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=30, max_queue=2), metrics)
-    first = await adm.admit()
+    adm = Admission(2, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=30, max_queue=5), metrics)
+    assert adm.queue_room == 2  # never more waiting than the limit
+    first = [await adm.admit() for _ in range(2)]
     waiting = [asyncio.create_task(adm.admit()) for _ in range(2)]
     await asyncio.sleep(0)
-    assert adm.waiting == 2 and adm.current == 1
-    with pytest.raises(ResourceExhausted, match=r"concurrency limit of 1 \(max_in_flight=1\), 2 waiting"):
+    assert adm.waiting == 2 and adm.current == 2
+    with pytest.raises(ResourceExhausted, match=r"concurrency limit of 2 \(max_in_flight=2\), 2 waiting"):
         await adm.admit()  # the queue is full: refused at once
     assert _shed(metrics, "queue_full") == 1
-    adm.release(first)
+    adm.release(first[0])
     await waiting[0]  # FIFO: the first waiter got the slot, the second still waits
-    assert adm.waiting == 1 and not waiting[1].done() and adm.current == 1
+    assert adm.waiting == 1 and not waiting[1].done() and adm.current == 2
     adm.release(None)
     await asyncio.gather(*waiting)
-    assert adm.current == 1 and adm.waiting == 0
+    assert adm.current == 2 and adm.waiting == 0
     assert metrics.registry.get_sample_value("embedgate_admission_queue_wait_seconds_count") == 2
-    assert metrics.registry.get_sample_value("embedgate_admission_limit") == 1
+    assert metrics.registry.get_sample_value("embedgate_admission_limit") == 2
+    assert Admission(300, 429, 1, AdmissionSettings(adaptive=False, max_queue=5)).queue_room == 5
 
 
 async def test_queue_sheds_what_waited_too_long() -> None:
@@ -265,3 +268,33 @@ async def test_adaptive_admission_reports_its_limit() -> None:
     assert adm.limit == 64
     assert metrics.registry.get_sample_value("embedgate_admission_limit") == 64
     assert math.isclose(metrics.registry.get_sample_value("embedgate_admission_min_rtt_seconds") or 0, 0.01)
+
+
+async def test_shed_middleware_refuses_before_anything_reads_the_request() -> None:
+    metrics = Metrics()
+    adm = Admission(1, 429, 2, AdmissionSettings(adaptive=False, queue_timeout_s=0), metrics)
+    inner: list[str] = []
+    sent: list[dict[str, object]] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        inner.append(scope["path"])
+
+    async def receive() -> Message:
+        raise AssertionError("the body must not be read")
+
+    async def send(message: Message) -> None:
+        sent.append(dict(message))
+
+    mw = ShedMiddleware(app, adm, metrics)
+    scope: Scope = {"type": "http", "path": "/v1/models/m:predict"}
+    await mw(scope, receive, send)  # a free slot: passed on
+    assert inner == ["/v1/models/m:predict"] and not sent
+    await adm.admit()
+    await mw({"type": "http", "path": "/healthz"}, receive, send)  # probes are never refused
+    await mw({"type": "http", "path": "/V1/models/m"}, receive, send)
+    assert inner == ["/v1/models/m:predict", "/healthz"]
+    assert sent[0]["status"] == 429
+    assert (b"retry-after", b"2") in sent[0]["headers"]  # type: ignore[operator]
+    assert b"max_in_flight=1" in sent[1]["body"]  # type: ignore[operator]
+    assert _shed(metrics, "queue_full") == 1
+    assert metrics.registry.get_sample_value("embedgate_requests_rejected_total") == 1

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 _WAIT_S = 60.0  # bound of every wait (never reached when the gateway behaves)
 _BURST = 12
 _LIMIT = 2  # max_in_flight (and admission.min_limit): the adaptive limit stays at 2
-_QUEUE = 3  # admission.max_queue
+_QUEUE = 2  # requests that may wait: admission.max_queue (5), but never more than the limit
 _METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
 
 
@@ -55,7 +55,7 @@ def _config(tmp_path: Path, target: str, grpc_port: int) -> Path:
         "grpc_port": grpc_port,
         "max_in_flight": _LIMIT,
         "retry_after_s": 2,
-        "admission": {"min_limit": _LIMIT, "max_queue": _QUEUE, "queue_timeout_s": 0.5},
+        "admission": {"min_limit": _LIMIT, "max_queue": 5, "queue_timeout_s": 0.5},
     }
     path = tmp_path / "gateway.yaml"
     path.write_text(json.dumps(config), encoding="utf-8")
@@ -108,7 +108,7 @@ def _release_when_shed(backend: FakeBackend, gw: GatewayProc, shed: float) -> No
 
 
 def test_a_burst_over_the_limit_is_shed_with_clear_answers_and_counted(tmp_path: Path) -> None:
-    """2 admitted (held at the backend), 3 queued (shed after 0.5 s), 7 refused at once; REST then gRPC."""
+    """2 admitted (held at the backend), 2 queued (shed after 0.5 s), 8 refused at once; REST then gRPC."""
     shed_per_burst = _BURST - _LIMIT
     with fake_backend() as backend:
         backend.hold_metadata = True
@@ -128,7 +128,7 @@ def test_a_burst_over_the_limit_is_shed_with_clear_answers_and_counted(tmp_path:
                 at_once = [e for e in errors if "Too many requests in flight" in e]
                 timed_out = [e for e in errors if "admission.queue_timeout_s" in e]
                 assert len(at_once) == _BURST - _LIMIT - _QUEUE and len(timed_out) == _QUEUE, errors
-                assert all("concurrency limit of 2 (max_in_flight=2), 3 waiting" in e for e in at_once), (
+                assert all("concurrency limit of 2 (max_in_flight=2), 2 waiting" in e for e in at_once), (
                     at_once
                 )
 

@@ -49,7 +49,7 @@ SURFACE = {
         "is_loopback",
         "load_settings",
     ],
-    "gateway.admission": ["Admission", "GradientLimit", "Phase"],
+    "gateway.admission": ["Admission", "GradientLimit", "Phase", "ShedMiddleware"],
     "gateway.auth": ["Authenticator", "TokenEntry", "exposure_problem", "parse_tokens"],
     "gateway.limits": [
         "RATIO_FLOOR",
