@@ -167,7 +167,7 @@ def test_gateway_serves_tf_serving_ports_with_probes_and_an_hpa() -> None:
 def test_ps_memory_request_follows_the_sizing_figure() -> None:
     # the server's baseline + (180 + 6.4 x dim) MB per million rows (docs/deployment.md) per shard on the host,
     # times the 1.3 headroom: 10 M rows per shard at dim 128; host "one" serves one shard, host "three" three
-    baseline = yaml.safe_load((CHART / "values.yaml").read_text())["ps"]["baselineMB"]
+    baseline = yaml.safe_load((CHART / "values.yaml").read_text())["ps"]["baselineMi"]
     assert baseline >= 749  # serve-local's measured RSS with an empty PS (docs/deployment.md "Sizing")
     docs = render(
         "model.rowsPerShard=10000000",
@@ -189,7 +189,7 @@ def test_ps_memory_request_follows_the_sizing_figure() -> None:
         "r-embedgate-ps-three": f"{math.ceil(baseline + 3 * mb * 1.3)}Mi",
     }
     # a host of an empty model still asks for the baseline
-    docs = render("model.rowsPerShard=0", "ps.baselineMB=300")
+    docs = render("model.rowsPerShard=0", "ps.baselineMi=300")
     memory = {
         sts["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"]
         for sts in by_kind(docs, "StatefulSet").values()
