@@ -103,7 +103,7 @@ def test_compose_project_loads_and_every_file_agrees(tmp_path: Path, exported: A
     gateway = load_settings(config / "gateway.yaml")
     updater = UpdaterSettings.from_yaml(config / "updater.yaml")
     assert gateway.models == updater.models
-    (model,) = gateway.models
+    (model,) = updater.embedding_models
     assert model.name == name and str(model.manifest) == f"/models/{exported.model_dir.name}"
     assert len(model.shards) == manifest.num_shards
     # each host serves what its TF Serving config says; the healthcheck names exactly those servables; the
@@ -168,7 +168,7 @@ def test_helm_values_render_with_the_shipped_chart_and_validate(tmp_path: Path, 
     up_path.write_text(maps["r-embedgate-updater"]["data"]["updater.yaml"])
     gateway, updater = load_settings(gw_path), UpdaterSettings.from_yaml(up_path)
     assert gateway.models == updater.models
-    (model,) = gateway.models
+    (model,) = updater.embedding_models
     assert model.name == name and len(model.shards) == manifest.num_shards
     by_host = {h["name"]: h["shards"] for h in values["psHosts"]}
     for i, shard in enumerate(model.shards):
@@ -204,8 +204,9 @@ def test_two_models_in_one_compose_project(
     )
     proc = run([tool("deploycheck"), "compose", out / "compose.yaml"])
     assert proc.returncode == 0, proc.stderr
-    gateway = load_settings(out / "config" / "gateway.yaml")
-    assert [(m.name, len(m.shards)) for m in gateway.models] == [("demo", 2), ("twotower", 3)]
+    updater = UpdaterSettings.from_yaml(out / "config" / "updater.yaml")
+    assert load_settings(out / "config" / "gateway.yaml").models == updater.models
+    assert [(m.name, len(m.shards)) for m in updater.embedding_models] == [("demo", 2), ("twotower", 3)]
     odd = _served_by_config((out / "config" / "ps-odd.config").read_text())
     assert [n for n, _ in odd] == ["demo_ps_1", "twotower_ps_1"]
     services = yaml.safe_load((out / "compose.yaml").read_text())["services"]
@@ -292,6 +293,7 @@ def _copy_model(src: Path, dest: Path, **changes: Any) -> Path:
         (["a=entry; True", "b=entry; True", "a=ps_{i}; True"], "its entry is on hosts ['a', 'b']"),
         (["Bad_Host=ps_{i}; True"], "host name 'Bad_Host'"),
         (["ps_{i}; True"], "expected HOST='PATTERN; EXPR'"),
+        (["ps_{i}; i % 2 == 0"], "expected HOST='PATTERN; EXPR'"),
         (
             ["x=ps_{i}; i > 7", "y=entry; True", "z=ps_{i}; True"],
             "host 'x': its filters ['ps_{i}; i > 7'] select nothing",

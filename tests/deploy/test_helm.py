@@ -190,11 +190,11 @@ def test_ps_memory_request_follows_the_sizing_figure() -> None:
     }
     # a host of an empty model still asks for the baseline
     docs = render("model.rowsPerShard=0", "ps.baselineMi=300")
-    memory = {
+    requests = {
         sts["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"]
         for sts in by_kind(docs, "StatefulSet").values()
     }
-    assert memory == {"300Mi"}
+    assert requests == {"300Mi"}
 
 
 @pytest.mark.parametrize(
