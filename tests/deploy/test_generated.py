@@ -220,9 +220,27 @@ def test_a_second_run_writes_the_same_bytes(tmp_path: Path, twotower_artifacts: 
     filters = COMPOSE_FILTERS["twotower"] if target == "compose" else HELM_FILTERS["twotower"]
     _deploy(target, out, [twotower_artifacts.model_dir], filters, "--cache-max-bytes", "1000000")
     first = _tree(out)
-    assert len(first) == (7 if target == "compose" else 1)  # compose.yaml, 4 configs, gateway/updater.yaml
+    # compose.yaml, 4 configs, gateway/updater.yaml (or the values file), and the list of what was written
+    assert len(first) == (8 if target == "compose" else 2)
     _deploy(target, out, [twotower_artifacts.model_dir], filters, "--cache-max-bytes", "1000000")
     assert _tree(out) == first
+
+
+def test_a_rerun_removes_the_files_of_hosts_that_are_gone(tmp_path: Path, demo_artifacts: Any) -> None:
+    out = tmp_path / "out"
+    _deploy("compose", out, [demo_artifacts.model_dir], COMPOSE_FILTERS["demo"])
+    (out / "config" / "mine.txt").write_text("a file of the user's")
+    assert (out / "config" / "ps-odd.config").exists()
+    _deploy("compose", out, [demo_artifacts.model_dir], ["entry=entry; True", "all=ps_{i}; True"])
+    assert sorted(p.name for p in (out / "config").iterdir()) == [
+        "all.config",
+        "entry.config",
+        "gateway.yaml",
+        "mine.txt",
+        "monitoring.config",
+        "updater.yaml",
+    ]
+    assert run([tool("deploycheck"), "compose", out / "compose.yaml"]).returncode == 0
 
 
 def test_tokens_become_a_compose_secret_and_a_public_address_needs_them(
