@@ -368,3 +368,30 @@ def test_pinned_tf_serving_releases_match_the_exporters_tensorflow() -> None:
     assert (
         compose["x-tfserving"]["image"] == f"tensorflow/serving:${{TF_SERVING_TAG:-{DEFAULT_TF_SERVING_TAG}}}"
     )
+
+
+def test_public_names_of_the_deploy_modules() -> None:
+    import importlib
+
+    surface = {
+        "embedgate.deploy": set(),
+        "embedgate.deploy.cli": {"register"},
+        "embedgate.deploy.compose": {"ComposeOptions", "compose_files"},
+        "embedgate.deploy.files": {"RECORD", "check_config", "dump_yaml", "write_tree"},
+        "embedgate.deploy.helm": {"HelmOptions", "helm_files"},
+        "embedgate.deploy.plan": {
+            "DEFAULT_TF_SERVING_TAG",
+            "MODELS_ROOT",
+            "TF_SERVING_IMAGE",
+            "DeployError",
+            "Host",
+            "Model",
+            "load_models",
+            "parse_hosts",
+            "tf_serving_tag",
+        },
+    }
+    for name, names in surface.items():
+        module = importlib.import_module(name)
+        assert set(module.__all__) == names, name
+        assert all(hasattr(module, n) for n in names), name
