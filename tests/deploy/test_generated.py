@@ -25,7 +25,7 @@ from embedgate.deploy.plan import (
 from schemas.gateway_settings import load_settings
 from schemas.manifest import Manifest, entry_model_name, ps_model_name
 from schemas.updater_settings import UpdaterSettings
-from tests.deploy.tools import ROOT, by_kind, run, tool
+from tests.deploy.tools import ROOT, by_kind, model_status_server, probe_passes, run, tool
 
 # Placements of each model: the demo on an entry host and even/odd PS hosts; the two-tower model's 3 shards on two
 # overlapping PS hosts (shard 1 on both: two replicas) and its entry on a host that also serves shard 2.
@@ -125,6 +125,14 @@ def test_compose_project_loads_and_every_file_agrees(tmp_path: Path, exported: A
     ]
     for i, shard in enumerate(model.shards):
         assert set(shard.replicas) == {t for t, ns in placed.items() if ps_model_name(name, i) in ns}, i
+    # the healthcheck passes once every servable of the host is AVAILABLE, and not before
+    for host in hosts:
+        command = services[f"serving-{host}"]["healthcheck"]["test"]
+        names = _health_names(services[f"serving-{host}"])
+        with model_status_server(dict.fromkeys(names, "AVAILABLE")) as port:
+            assert probe_passes(command, 8501, port), host
+        with model_status_server({**dict.fromkeys(names, "AVAILABLE"), names[-1]: "LOADING"}) as port:
+            assert not probe_passes(command, 8501, port), host
     # the image is the TF Serving release of the TensorFlow the export recorded
     assert manifest.tensorflow_version
     tag = manifest.tensorflow_version
