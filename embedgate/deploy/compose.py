@@ -103,8 +103,8 @@ def _header(models: Sequence[Model], opts: ComposeOptions) -> str:
         + ", ".join(f"{m.name} (version {m.manifest.version})" for m in models)
         + ". Re-run the command instead of editing.",
         (
-            f"TF Serving {opts.tf_serving_tag}: the TensorFlow release the models were exported with "
-            "(TF_SERVING_TAG overrides it)."
+            f"TF Serving {opts.tf_serving_tag}: the release of the TensorFlow the manifests record (the exporter's "
+            "pinned one for manifests that record none; TF_SERVING_TAG overrides it)."
         ),
         f"Start: docker compose -f compose.yaml up --wait   (build {opts.image} first: docker/Dockerfile)",
         (

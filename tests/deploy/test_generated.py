@@ -5,6 +5,7 @@ ModelServerConfig), the files agree with each other and with the manifests, and 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -133,8 +134,8 @@ def test_compose_project_loads_and_every_file_agrees(tmp_path: Path, exported: A
             assert probe_passes(command, 8501, port), host
         with model_status_server({**dict.fromkeys(names, "AVAILABLE"), names[-1]: "LOADING"}) as port:
             assert not probe_passes(command, 8501, port), host
-    # the image is the TF Serving release of the TensorFlow the export recorded
-    assert manifest.tensorflow_version
+    # the image is the TF Serving release of the TensorFlow the export recorded (the exporter's own)
+    assert manifest.tensorflow_version == importlib.metadata.version("tensorflow")
     tag = manifest.tensorflow_version
     assert {services[f"serving-{h}"]["image"] for h in hosts} == {
         f"tensorflow/serving:${{TF_SERVING_TAG:-{tag}}}"
