@@ -82,7 +82,12 @@ def _common(p: argparse.ArgumentParser, *, default_filters: tuple[str, ...]) -> 
         metavar="DIR",
         help="an exported model, <out>/<model> holding manifest.json (repeatable)",
     )
-    p.add_argument("--out", required=True, type=Path, help="directory to write (created; files are replaced)")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="directory to write (created; the files of an earlier run are replaced or removed)",
+    )
     p.add_argument(
         "--filter",
         action="append",

@@ -27,7 +27,7 @@ __all__ = ["ComposeOptions", "compose_files"]
 _GRPC, _REST, _METRICS = 8500, 8501, 9464
 _KAFKA_IMAGE = "apache/kafka:4.1.1"
 _TOKENS_SECRET = "embedgate-tokens"  # noqa: S105 (the name of a compose secret, not a secret)
-MONITORING_CONFIG = (
+_MONITORING_CONFIG = (
     "# TF Serving --monitoring_config_file: Prometheus metrics on the REST port (backend network only).\n"
     'prometheus_config {\n  enable: true\n  path: "/monitoring/prometheus/metrics"\n}\n'
 )
@@ -65,7 +65,7 @@ def compose_files(
             "(docs/security.md) or publish on 127.0.0.1"
         )
     files = {f"config/{h.name}.config": _host_config(h) for h in hosts}
-    files["config/monitoring.config"] = MONITORING_CONFIG
+    files["config/monitoring.config"] = _MONITORING_CONFIG
     section = {"models": [_model_section(m, hosts) for m in models]}
     names = ", ".join(m.name for m in models)
     files["config/gateway.yaml"] = dump_yaml(
@@ -103,8 +103,8 @@ def _header(models: Sequence[Model], opts: ComposeOptions) -> str:
         + ", ".join(f"{m.name} (version {m.manifest.version})" for m in models)
         + ". Re-run the command instead of editing.",
         (
-            f"TF Serving {opts.tf_serving_tag}: the TensorFlow release the models were exported with "
-            "(TF_SERVING_TAG overrides it)."
+            f"TF Serving {opts.tf_serving_tag}: the release of the TensorFlow the manifests record (the exporter's "
+            "pinned one for manifests that record none; TF_SERVING_TAG overrides it)."
         ),
         f"Start: docker compose -f compose.yaml up --wait   (build {opts.image} first: docker/Dockerfile)",
         (

@@ -21,7 +21,7 @@ from embedgate.deploy.plan import DeployError
 from schemas.gateway_settings import load_settings
 from schemas.updater_settings import UpdaterSettings
 
-__all__ = ["check_config", "dump_yaml", "write_tree"]
+__all__ = ["RECORD", "check_config", "dump_yaml", "write_tree"]
 
 
 class _Dumper(yaml.SafeDumper):
@@ -54,17 +54,32 @@ def check_config(path: Path, kind: str) -> None:
         raise DeployError(f"{path}: the generated {kind} config is invalid: {exc}") from None
 
 
+RECORD = ".embedgate-deploy"  # in --out: the files the last run wrote, one relative path a line
+
+
 def write_tree(out: Path, files: Mapping[str, str]) -> list[Path]:
     """Write ``files`` (path relative to ``out`` -> text) under ``out``, each atomically (temp file + rename).
 
-    Files of ``out`` that ``files`` does not name are left alone. Returns the written paths in ``files`` order.
+    Files an earlier run wrote (listed in ``out/.embedgate-deploy``) that ``files`` no longer names are removed, e.g.
+    the config of a host that is gone; any other file of ``out`` is left alone. Returns the written paths in
+    ``files`` order.
     """
-    written = []
-    for rel, text in files.items():
-        path = out / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-        written.append(path)
+    record = out / RECORD
+    try:
+        before = set(record.read_text(encoding="utf-8").splitlines())
+    except FileNotFoundError:
+        before = set()
+    written = [_write(out / rel, text) for rel, text in files.items()]
+    for rel in sorted(before - set(files)):
+        if rel and not Path(rel).is_absolute() and ".." not in Path(rel).parts:
+            (out / rel).unlink(missing_ok=True)
+    _write(record, "".join(f"{rel}\n" for rel in files))
     return written
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

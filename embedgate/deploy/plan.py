@@ -115,14 +115,14 @@ def parse_hosts(texts: Sequence[str], models: Sequence[Model], *, entry_hosts: b
     """
     filters: dict[str, list[Filter]] = {}
     for text in texts:
-        host, sep, rest = text.partition("=")
-        if not sep or not rest.strip():
+        name, sep, rest = text.partition("=")
+        if not sep or ";" in name or not rest.strip():
             raise DeployError(
                 f"--filter {text!r}: expected HOST='PATTERN; EXPR', e.g. ps-even='ps_{{i}}; i % 2 == 0'"
             )
         try:
-            check_host_name(host.strip())
-            filters.setdefault(host.strip(), []).append(parse_filter(rest))
+            check_host_name(name.strip())
+            filters.setdefault(name.strip(), []).append(parse_filter(rest))
         except PlacementError as exc:
             raise DeployError(f"--filter {text!r}: {exc}") from None
     hosts = []

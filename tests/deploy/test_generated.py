@@ -5,6 +5,7 @@ ModelServerConfig), the files agree with each other and with the manifests, and 
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -25,7 +26,7 @@ from embedgate.deploy.plan import (
 from schemas.gateway_settings import load_settings
 from schemas.manifest import Manifest, entry_model_name, ps_model_name
 from schemas.updater_settings import UpdaterSettings
-from tests.deploy.tools import ROOT, by_kind, run, tool
+from tests.deploy.tools import ROOT, by_kind, model_status_server, probe_passes, run, tool
 
 # Placements of each model: the demo on an entry host and even/odd PS hosts; the two-tower model's 3 shards on two
 # overlapping PS hosts (shard 1 on both: two replicas) and its entry on a host that also serves shard 2.
@@ -103,7 +104,7 @@ def test_compose_project_loads_and_every_file_agrees(tmp_path: Path, exported: A
     gateway = load_settings(config / "gateway.yaml")
     updater = UpdaterSettings.from_yaml(config / "updater.yaml")
     assert gateway.models == updater.models
-    (model,) = gateway.models
+    (model,) = updater.embedding_models
     assert model.name == name and str(model.manifest) == f"/models/{exported.model_dir.name}"
     assert len(model.shards) == manifest.num_shards
     # each host serves what its TF Serving config says; the healthcheck names exactly those servables; the
@@ -125,8 +126,16 @@ def test_compose_project_loads_and_every_file_agrees(tmp_path: Path, exported: A
     ]
     for i, shard in enumerate(model.shards):
         assert set(shard.replicas) == {t for t, ns in placed.items() if ps_model_name(name, i) in ns}, i
-    # the image is the TF Serving release of the TensorFlow the export recorded
-    assert manifest.tensorflow_version
+    # the healthcheck passes once every servable of the host is AVAILABLE, and not before
+    for host in hosts:
+        command = services[f"serving-{host}"]["healthcheck"]["test"]
+        names = _health_names(services[f"serving-{host}"])
+        with model_status_server(dict.fromkeys(names, "AVAILABLE")) as port:
+            assert probe_passes(command, 8501, port), host
+        with model_status_server({**dict.fromkeys(names, "AVAILABLE"), names[-1]: "LOADING"}) as port:
+            assert not probe_passes(command, 8501, port), host
+    # the image is the TF Serving release of the TensorFlow the export recorded (the exporter's own)
+    assert manifest.tensorflow_version == importlib.metadata.version("tensorflow")
     tag = manifest.tensorflow_version
     assert {services[f"serving-{h}"]["image"] for h in hosts} == {
         f"tensorflow/serving:${{TF_SERVING_TAG:-{tag}}}"
@@ -168,7 +177,7 @@ def test_helm_values_render_with_the_shipped_chart_and_validate(tmp_path: Path, 
     up_path.write_text(maps["r-embedgate-updater"]["data"]["updater.yaml"])
     gateway, updater = load_settings(gw_path), UpdaterSettings.from_yaml(up_path)
     assert gateway.models == updater.models
-    (model,) = gateway.models
+    (model,) = updater.embedding_models
     assert model.name == name and len(model.shards) == manifest.num_shards
     by_host = {h["name"]: h["shards"] for h in values["psHosts"]}
     for i, shard in enumerate(model.shards):
@@ -204,8 +213,9 @@ def test_two_models_in_one_compose_project(
     )
     proc = run([tool("deploycheck"), "compose", out / "compose.yaml"])
     assert proc.returncode == 0, proc.stderr
-    gateway = load_settings(out / "config" / "gateway.yaml")
-    assert [(m.name, len(m.shards)) for m in gateway.models] == [("demo", 2), ("twotower", 3)]
+    updater = UpdaterSettings.from_yaml(out / "config" / "updater.yaml")
+    assert load_settings(out / "config" / "gateway.yaml").models == updater.models
+    assert [(m.name, len(m.shards)) for m in updater.embedding_models] == [("demo", 2), ("twotower", 3)]
     odd = _served_by_config((out / "config" / "ps-odd.config").read_text())
     assert [n for n, _ in odd] == ["demo_ps_1", "twotower_ps_1"]
     services = yaml.safe_load((out / "compose.yaml").read_text())["services"]
@@ -219,9 +229,27 @@ def test_a_second_run_writes_the_same_bytes(tmp_path: Path, twotower_artifacts: 
     filters = COMPOSE_FILTERS["twotower"] if target == "compose" else HELM_FILTERS["twotower"]
     _deploy(target, out, [twotower_artifacts.model_dir], filters, "--cache-max-bytes", "1000000")
     first = _tree(out)
-    assert len(first) == (7 if target == "compose" else 1)  # compose.yaml, 4 configs, gateway/updater.yaml
+    # compose.yaml, 4 configs, gateway/updater.yaml (or the values file), and the list of what was written
+    assert len(first) == (8 if target == "compose" else 2)
     _deploy(target, out, [twotower_artifacts.model_dir], filters, "--cache-max-bytes", "1000000")
     assert _tree(out) == first
+
+
+def test_a_rerun_removes_the_files_of_hosts_that_are_gone(tmp_path: Path, demo_artifacts: Any) -> None:
+    out = tmp_path / "out"
+    _deploy("compose", out, [demo_artifacts.model_dir], COMPOSE_FILTERS["demo"])
+    (out / "config" / "mine.txt").write_text("a file of the user's")
+    assert (out / "config" / "ps-odd.config").exists()
+    _deploy("compose", out, [demo_artifacts.model_dir], ["entry=entry; True", "all=ps_{i}; True"])
+    assert sorted(p.name for p in (out / "config").iterdir()) == [
+        "all.config",
+        "entry.config",
+        "gateway.yaml",
+        "mine.txt",
+        "monitoring.config",
+        "updater.yaml",
+    ]
+    assert run([tool("deploycheck"), "compose", out / "compose.yaml"]).returncode == 0
 
 
 def test_tokens_become_a_compose_secret_and_a_public_address_needs_them(
@@ -292,6 +320,7 @@ def _copy_model(src: Path, dest: Path, **changes: Any) -> Path:
         (["a=entry; True", "b=entry; True", "a=ps_{i}; True"], "its entry is on hosts ['a', 'b']"),
         (["Bad_Host=ps_{i}; True"], "host name 'Bad_Host'"),
         (["ps_{i}; True"], "expected HOST='PATTERN; EXPR'"),
+        (["ps_{i}; i % 2 == 0"], "expected HOST='PATTERN; EXPR'"),
         (
             ["x=ps_{i}; i > 7", "y=entry; True", "z=ps_{i}; True"],
             "host 'x': its filters ['ps_{i}; i > 7'] select nothing",
@@ -348,3 +377,30 @@ def test_pinned_tf_serving_releases_match_the_exporters_tensorflow() -> None:
     assert (
         compose["x-tfserving"]["image"] == f"tensorflow/serving:${{TF_SERVING_TAG:-{DEFAULT_TF_SERVING_TAG}}}"
     )
+
+
+def test_public_names_of_the_deploy_modules() -> None:
+    import importlib
+
+    surface = {
+        "embedgate.deploy": set(),
+        "embedgate.deploy.cli": {"register"},
+        "embedgate.deploy.compose": {"ComposeOptions", "compose_files"},
+        "embedgate.deploy.files": {"RECORD", "check_config", "dump_yaml", "write_tree"},
+        "embedgate.deploy.helm": {"HelmOptions", "helm_files"},
+        "embedgate.deploy.plan": {
+            "DEFAULT_TF_SERVING_TAG",
+            "MODELS_ROOT",
+            "TF_SERVING_IMAGE",
+            "DeployError",
+            "Host",
+            "Model",
+            "load_models",
+            "parse_hosts",
+            "tf_serving_tag",
+        },
+    }
+    for name, names in surface.items():
+        module = importlib.import_module(name)
+        assert set(module.__all__) == names, name
+        assert all(hasattr(module, n) for n in names), name

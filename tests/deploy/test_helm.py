@@ -18,7 +18,9 @@ from tests.deploy.tools import (
     KUBE_VERSION,
     by_kind,
     helm_template,
+    model_status_server,
     parse_monitoring_config,
+    probe_passes,
     render,
     run,
     tool,
@@ -167,7 +169,7 @@ def test_gateway_serves_tf_serving_ports_with_probes_and_an_hpa() -> None:
 def test_ps_memory_request_follows_the_sizing_figure() -> None:
     # the server's baseline + (180 + 6.4 x dim) MB per million rows (docs/deployment.md) per shard on the host,
     # times the 1.3 headroom: 10 M rows per shard at dim 128; host "one" serves one shard, host "three" three
-    baseline = yaml.safe_load((CHART / "values.yaml").read_text())["ps"]["baselineMB"]
+    baseline = yaml.safe_load((CHART / "values.yaml").read_text())["ps"]["baselineMi"]
     assert baseline >= 749  # serve-local's measured RSS with an empty PS (docs/deployment.md "Sizing")
     docs = render(
         "model.rowsPerShard=10000000",
@@ -189,12 +191,12 @@ def test_ps_memory_request_follows_the_sizing_figure() -> None:
         "r-embedgate-ps-three": f"{math.ceil(baseline + 3 * mb * 1.3)}Mi",
     }
     # a host of an empty model still asks for the baseline
-    docs = render("model.rowsPerShard=0", "ps.baselineMB=300")
-    memory = {
+    docs = render("model.rowsPerShard=0", "ps.baselineMi=300")
+    requests = {
         sts["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"]
         for sts in by_kind(docs, "StatefulSet").values()
     }
-    assert memory == {"300Mi"}
+    assert requests == {"300Mi"}
 
 
 @pytest.mark.parametrize(
@@ -320,3 +322,35 @@ def test_placement_generator_weights_dims_by_rows(tmp_path: Path, demo_artifacts
     assert values["model"]["dim"] == math.ceil(sum(r * d for r, d in tables) / rows)
     assert 16 < values["model"]["dim"] < 128
     assert values["psHosts"] == [{"name": "all", "shards": list(range(shards))}]
+
+
+def test_tf_serving_pods_are_ready_once_every_servable_of_the_pod_is_available() -> None:
+    docs = render(
+        "model.shards=3",
+        "psHosts[0].name=a",
+        "psHosts[0].shards={0,2}",
+        "psHosts[1].name=b",
+        "psHosts[1].shards={1}",
+    )
+    pods = {
+        n: d["spec"]["template"]["spec"]["containers"][0] for n, d in by_kind(docs, "StatefulSet").items()
+    }
+    pods["r-embedgate-entry"] = by_kind(docs, "Deployment")["r-embedgate-entry"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    serves = {
+        "r-embedgate-ps-a": ["demo_ps_0", "demo_ps_2"],
+        "r-embedgate-ps-b": ["demo_ps_1"],
+        "r-embedgate-entry": ["demo_entry"],
+    }
+    for name, container in pods.items():
+        for probe in ("startupProbe", "readinessProbe"):
+            command = container[probe]["exec"]["command"]
+            everything = dict.fromkeys(serves[name], "AVAILABLE")
+            with model_status_server(everything) as port:
+                assert probe_passes(command, 8501, port), (name, probe)
+            for missing in serves[name]:  # one servable still loading, or unknown: not ready
+                with model_status_server({**everything, missing: "LOADING"}) as port:
+                    assert not probe_passes(command, 8501, port), (name, probe, missing)
+                with model_status_server({k: v for k, v in everything.items() if k != missing}) as port:
+                    assert not probe_passes(command, 8501, port), (name, probe, missing)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +67,43 @@ def parse_monitoring_config(text: str) -> Any:
     pool.Add(f)
     cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("embedgate.test.MonitoringConfig"))
     return text_format.Parse(text, cls())
+
+
+@contextmanager
+def model_status_server(states: dict[str, str]) -> Iterator[int]:
+    """A stand-in for TF Serving's REST model status on 127.0.0.1 (yields its port): ``GET /v1/models/<name>``
+    answers ``{"model_version_status": [{"version": "1", "state": <states[name]>, ...}]}``, 404 for other names."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            name = self.path.removeprefix("/v1/models/")
+            if name not in states:
+                body, code = b'{"error": "Could not find any versions of model"}', 404
+            else:
+                text = f'{{"model_version_status": [{{"version": "1", "state": "{states[name]}", "status": {{}}}}]}}'
+                body, code = text.encode(), 200
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def probe_passes(command: list[str], rest_port: int, port: int) -> bool:
+    """Run a healthcheck / probe command (``[..., "bash", "-c", script]``) with TF Serving's REST port replaced by
+    ``port``; whether it exits 0."""
+    script = command[-1].replace(f"/dev/tcp/127.0.0.1/{rest_port}", f"/dev/tcp/127.0.0.1/{port}")
+    assert script != command[-1], "the probe does not ask the REST port"
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, timeout=60, check=False)
+    return proc.returncode == 0

@@ -80,7 +80,7 @@ models:
 {{- end -}}
 
 {{/* PS memory request in MiB of a pod serving N shards, called with (list $ N):
-     ps.baselineMB + N x rowsPerShard x (180 + 6.4 x dim) MB per million rows x headroom. The rows term was measured
+     ps.baselineMi + N x rowsPerShard x (180 + 6.4 x dim) MB per million rows x headroom. The rows term was measured
      with every row written by the updater once (row versions held); the baseline is the server's own memory with
      no rows (docs/deployment.md "Sizing"). */}}
 {{- define "embedgate.psMemoryMi" -}}
@@ -88,5 +88,5 @@ models:
 {{- $shards := int (index . 1) -}}
 {{- $perShard := div (mul (int $root.Values.model.rowsPerShard) (add 1800 (mul 64 (int $root.Values.model.dim)))) 10000000 -}}
 {{- $rows := mulf (float64 (mul $perShard $shards)) (float64 $root.Values.ps.headroom) -}}
-{{- printf "%dMi" (int (ceil (addf (float64 $root.Values.ps.baselineMB) $rows))) -}}
+{{- printf "%dMi" (int (ceil (addf (float64 $root.Values.ps.baselineMi) $rows))) -}}
 {{- end -}}
