@@ -85,7 +85,9 @@ def bfloat16_bits(values: npt.ArrayLike) -> Bfloat16Bits:
     NaN stays NaN), as :class:`Bfloat16Bits` of the same shape."""
     f = np.ascontiguousarray(values, dtype=np.float32)
     u = f.view(np.uint32)
-    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(
+        np.uint16
+    )
     nan = np.isnan(f)
     if nan.any():
         rounded[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16)  # quiet NaN, sign kept

@@ -50,7 +50,9 @@ def _tf_pooled(manifest: Manifest, inputs: dict[str, np.ndarray]) -> dict[str, n
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setup=_setup(), seed=st.integers(0, 2**32 - 1))
-def test_entry_pools_unique_rows_as_the_gateway_pools(setup: tuple[Manifest, FeatureBatch], seed: int) -> None:
+def test_entry_pools_unique_rows_as_the_gateway_pools(
+    setup: tuple[Manifest, FeatureBatch], seed: int
+) -> None:
     pooled_manifest, batch = setup
     manifest = _unique(pooled_manifest)
     plan = plan_lookups(batch, manifest)
@@ -59,7 +61,12 @@ def test_entry_pools_unique_rows_as_the_gateway_pools(setup: tuple[Manifest, Fea
     inputs = unique_inputs(plan, values, batch, manifest)
     for t in manifest.tables:  # each distinct id of a table once
         if entry_rows_input(t.name) in inputs:
-            distinct = {int(i) for f in manifest.sparse_features if f.table == t.name for i in batch.sparse[f.name].ids}
+            distinct = {
+                int(i)
+                for f in manifest.sparse_features
+                if f.table == t.name
+                for i in batch.sparse[f.name].ids
+            }
             assert inputs[entry_rows_input(t.name)].shape == (len(distinct), t.dim)
     for f in manifest.sparse_features:
         assert inputs[entry_index_input(f.name)].dtype == np.int32
@@ -88,7 +95,9 @@ def test_reduced_precision_rows_pool_within_their_rounding(
         w = np.abs(sp.weights) if sp.weights is not None else np.ones(sp.ids.size, np.float32)
         # |error| <= eps * sum |w| * max|row| (rows are in [-1, 1]) divided by the combiner's denominator: bound it
         # by eps * (sum |w|) / (smallest nonzero denominator) loosely as eps * 64 over these small batches
-        np.testing.assert_allclose(got[f.name], want[f.name], rtol=0, atol=eps * 64 * max(1.0, float(w.max(initial=0))))
+        np.testing.assert_allclose(
+            got[f.name], want[f.name], rtol=0, atol=eps * 64 * max(1.0, float(w.max(initial=0)))
+        )
 
 
 def test_unique_inputs_refuse_a_short_shard_answer() -> None:

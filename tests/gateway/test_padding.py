@@ -24,7 +24,14 @@ _MANIFEST = Manifest.model_validate(
         "version": 1,
         "tables": [{"name": "t", "dim": 2}],
         "sparse_features": [
-            {"name": "h", "table": "t", "kind": "multi", "combiner": "mean", "weights": "h_w", "mask_zero": True},
+            {
+                "name": "h",
+                "table": "t",
+                "kind": "multi",
+                "combiner": "mean",
+                "weights": "h_w",
+                "mask_zero": True,
+            },
             {"name": "g", "table": "t", "kind": "multi"},
         ],
         "partition": {"num_shards": 1},

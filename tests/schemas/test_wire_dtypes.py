@@ -22,7 +22,9 @@ def test_int32_float16_bfloat16_frames_parse_to_protobufs_message(
     ints: np.ndarray, halves: np.ndarray, floats: np.ndarray
 ) -> None:
     bf = bfloat16_bits(floats)
-    got = tfs_pb2.PredictRequest.FromString(predict_request("m", "s", [("i", ints), ("h", halves), ("b", bf)]))
+    got = tfs_pb2.PredictRequest.FromString(
+        predict_request("m", "s", [("i", ints), ("h", halves), ("b", bf)])
+    )
     want = tfs_pb2.PredictRequest()
     want.model_spec.name, want.model_spec.signature_name = "m", "s"
     for key, arr, dtype, raw in (
