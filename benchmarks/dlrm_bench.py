@@ -90,8 +90,8 @@ def build_dlrm(cards: list[int], seed: int = 0) -> Any:
     keras.utils.set_random_seed(seed)
     dense = keras.Input((DENSE,), name="dense")
     b = dense
-    for units in (512, 256, 64):
-        b = keras.layers.Dense(units, activation="relu")(b)
+    for k, units in enumerate((512, 256, 64)):
+        b = keras.layers.Dense(units, activation="relu", name=f"bottom{k}")(b)
     ids = [keras.Input((), dtype="int64", name=f"s{i}") for i in range(26)]
     init = keras.initializers.RandomNormal(stddev=0.05, seed=seed)
     embs = [
@@ -101,8 +101,8 @@ def build_dlrm(cards: list[int], seed: int = 0) -> Any:
         for i, (c, x) in enumerate(zip(cards, ids, strict=True))
     ]
     h = keras.layers.Concatenate()([b, *embs])
-    for units in (512, 256):
-        h = keras.layers.Dense(units, activation="relu")(h)
+    for k, units in enumerate((512, 256)):
+        h = keras.layers.Dense(units, activation="relu", name=f"top{k}")(h)
     out = keras.layers.Dense(1, activation="sigmoid", name="ctr")(h)
     return keras.Model([*ids, dense], out, name="dlrm")
 
@@ -246,6 +246,7 @@ def _gateway_yaml(path: Path, model_dir: Path, backend: str, grpc_port: int, ext
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
+    import tests.support.servers
     from benchmarks.serving_bench import _create_topic, _summary, _wait_cache_serving
     from benchmarks.split_client import write_requests
     from schemas.deltas import delta_topic
@@ -253,6 +254,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tests.support.ports import free_port
     from tests.support.servers import serve_local
     from tests.support.stack import exported_backends
+
+    # 26 tables of up to 2 M rows take serve-local longer to restore than a test model's 60 s start limit
+    tests.support.servers._START_TIMEOUT = max(tests.support.servers._START_TIMEOUT, 900.0)
 
     cards = cardinalities(args.rows)
     report: dict[str, Any] = {
