@@ -74,7 +74,7 @@ _DTYPE = {
 }
 
 
-class Bfloat16Bits(np.ndarray):  # type: ignore[type-arg]  # numpy's ndarray generics: a view subclass
+class Bfloat16Bits(np.ndarray):  # a view subclass marking uint16 data as bfloat16
     """A uint16 array holding bfloat16 values (the upper 16 bits of float32s): numpy has no bfloat16 dtype, so
     :func:`predict_request_for` writes an array of this class as ``DT_BFLOAT16``. Make one with
     :func:`bfloat16_bits`."""

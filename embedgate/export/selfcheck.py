@@ -137,7 +137,7 @@ class _Served:
         self.ps = [tf.saved_model.load(str(stage / ps_dir_name(i))) for i in range(manifest.num_shards)]
         self.entry = tf.saved_model.load(str(stage / "entry"))
 
-    def rows(self, table: str, ids: Sequence[int]) -> npt.NDArray[np.float32]:
+    def rows(self, table: str, ids: Sequence[int] | npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         import tensorflow as tf
 
         m = self.manifest
