@@ -195,7 +195,9 @@ def entry_inputs(
     """Every input of the entry for ``manifest.entry.input_mode``, in signature order: :func:`pool` (float32) or
     :func:`unique_inputs`, then the dense features (float32); what :func:`schemas.wire.predict_request_for` frames."""
     if manifest.entry.input_mode is EntryInputMode.POOLED:
-        sparse = {k: np.asarray(v, dtype=np.float32) for k, v in pool(plan, shard_values, batch, manifest).items()}
+        sparse = {
+            k: np.asarray(v, dtype=np.float32) for k, v in pool(plan, shard_values, batch, manifest).items()
+        }
     else:
         sparse = unique_inputs(plan, shard_values, batch, manifest)
     dense = [(k, np.asarray(a, dtype=np.float32)) for k, a in batch.dense.items()]

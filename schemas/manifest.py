@@ -350,7 +350,9 @@ class Manifest(_Strict):
                 if f.weights:
                     entry_names.append(entry_weights_input(f.name))
             if dup := _first_duplicate(entry_names):
-                raise ValueError(f"entry input name {dup!r} is used twice (a feature named like an entry input)")
+                raise ValueError(
+                    f"entry input name {dup!r} is used twice (a feature named like an entry input)"
+                )
         elif self.entry.row_dtype is not EntryRowDtype.FLOAT32:
             raise ValueError("entry.row_dtype applies to entry.input_mode 'unique_rows' only")
         return self

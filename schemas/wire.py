@@ -74,7 +74,7 @@ _DTYPE = {
 }
 
 
-class Bfloat16Bits(np.ndarray):  # type: ignore[type-arg]  # numpy's ndarray generics: a view subclass
+class Bfloat16Bits(np.ndarray):  # a view subclass marking uint16 data as bfloat16
     """A uint16 array holding bfloat16 values (the upper 16 bits of float32s): numpy has no bfloat16 dtype, so
     :func:`predict_request_for` writes an array of this class as ``DT_BFLOAT16``. Make one with
     :func:`bfloat16_bits`."""
@@ -85,7 +85,9 @@ def bfloat16_bits(values: npt.ArrayLike) -> Bfloat16Bits:
     NaN stays NaN), as :class:`Bfloat16Bits` of the same shape."""
     f = np.ascontiguousarray(values, dtype=np.float32)
     u = f.view(np.uint32)
-    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(
+        np.uint16
+    )
     nan = np.isnan(f)
     if nan.any():
         rounded[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16)  # quiet NaN, sign kept

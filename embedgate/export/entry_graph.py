@@ -67,7 +67,9 @@ def input_specs(manifest: Manifest) -> list[Any]:
     return specs
 
 
-def pool_feature(rows: Any, index: Any, splits: Any | None, weights: Any | None, spec: SparseFeatureSpec) -> Any:
+def pool_feature(
+    rows: Any, index: Any, splits: Any | None, weights: Any | None, spec: SparseFeatureSpec
+) -> Any:
     """One feature's pooled float32 [B, dim] from its table's float32 ``rows`` [U, dim] and int32 ``index``;
     ``splits`` int32 [B + 1] for a multi feature (None for a single one), ``weights`` float32 like ``index`` or None
     (every weight 1)."""

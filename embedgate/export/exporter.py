@@ -605,7 +605,9 @@ def _plan(model: Any, decl: Declaration, table_rows: Mapping[str, Rows | str | P
                 f"tables: {name!r} is not a declared table (tables: {sorted(table_specs)})"
             )
     masked = {
-        name for name in maybe_masked if _drops_padding(reference, decl, name, sample_ids, raw_samples, pads, mappings)
+        name
+        for name in maybe_masked
+        if _drops_padding(reference, decl, name, sample_ids, raw_samples, pads, mappings)
     }
     sparse = [f.model_copy(update={"mask_zero": True}) if f.name in masked else f for f in sparse]
     outputs = _outputs(model)
@@ -752,7 +754,9 @@ def _save_entry(entry: Any, manifest: Manifest, path: Path) -> None:
         return dict(zip(out_names, result, strict=True))
 
     if manifest.entry.input_mode is EntryInputMode.POOLED:
-        specs = [tf.TensorSpec([None, dims[f.table]], tf.float32, name=f.name) for f in manifest.sparse_features]
+        specs = [
+            tf.TensorSpec([None, dims[f.table]], tf.float32, name=f.name) for f in manifest.sparse_features
+        ]
         n = len(specs)
 
         def serve(*xs: Any) -> dict[str, Any]:

@@ -137,7 +137,7 @@ class _Served:
         self.ps = [tf.saved_model.load(str(stage / ps_dir_name(i))) for i in range(manifest.num_shards)]
         self.entry = tf.saved_model.load(str(stage / "entry"))
 
-    def rows(self, table: str, ids: Sequence[int]) -> npt.NDArray[np.float32]:
+    def rows(self, table: str, ids: Sequence[int] | npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
         import tensorflow as tf
 
         m = self.manifest
@@ -160,7 +160,11 @@ class _Served:
         else:
             raw = inst[f.name]
             values = list(raw) if isinstance(raw, (list, tuple)) else [raw]
-            w = [float(x) for x in inst[f.weights]] if f.weights and f.weights in inst else [1.0] * len(values)
+            w = (
+                [float(x) for x in inst[f.weights]]
+                if f.weights and f.weights in inst
+                else [1.0] * len(values)
+            )
             ids = [int(k) for k in m.keys_for(values)]
         if getattr(f, "mask_zero", False):
             kept = [(i, x) for i, x in zip(ids, w, strict=True) if i != 0]
@@ -198,16 +202,12 @@ class _Served:
     def entry_inputs(self, instances: Instances) -> dict[str, np.ndarray]:
         """The entry's inputs as the gateway builds them (:func:`gateway.embedding.pool` or
         :func:`~gateway.embedding.unique_inputs`), dense features included."""
-        from gateway.embedding import plan_lookups
+        from gateway.embedding import plan_lookups, unique_inputs
         from gateway.embedding import pool as gateway_pool
-        from gateway.embedding import unique_inputs
 
         batch = self.batch(instances)
         plan = plan_lookups(batch, self.manifest)
-        values = [
-            {t: self.rows(t, ids) for t, ids in shard.items()}
-            for shard in plan.shard_ids
-        ]
+        values = [{t: self.rows(t, ids) for t, ids in shard.items()} for shard in plan.shard_ids]
         build = gateway_pool if self.manifest.entry.input_mode is EntryInputMode.POOLED else unique_inputs
         return {**build(plan, values, batch, self.manifest), **batch.dense}
 

@@ -32,9 +32,56 @@ def dtype_name(dtype: int) -> str:
 
 
 def decode_tensor(proto: tensor_pb2.TensorProto) -> np.ndarray:
-    """The numpy value of ``proto``; raises ``ValueError``/``TypeError`` for an inconsistent proto."""
+    """The numpy value of ``proto``; raises ``ValueError``/``TypeError`` for an inconsistent proto.
+
+    A numeric ``tensor_content`` holding exactly the shape's elements (what TF Serving clients and the gateway send)
+    is read in place: a read-only view of the proto's bytes (one copy, the one protobuf makes handing them out),
+    not ``tf.make_ndarray``'s second copy. Anything else goes through ``tf.make_ndarray``.
+    """
+    content = _content_view(proto)
+    if content is not None:
+        return content
     value: np.ndarray = tf.make_ndarray(proto)
     return value
+
+
+def _content_view(proto: tensor_pb2.TensorProto) -> np.ndarray | None:
+    """``proto``'s ``tensor_content`` as a read-only little-endian array of its shape, or None when the fast read
+    does not apply (no content, a string/resource/variant dtype, unknown rank, or a byte count that is not the
+    shape's)."""
+    if not proto.tensor_content or proto.tensor_shape.unknown_rank:
+        return None
+    np_dtype = _NUMPY.get(proto.dtype)
+    if np_dtype is None:
+        return None
+    content = proto.tensor_content
+    shape = [int(d.size) for d in proto.tensor_shape.dim]
+    if len(content) != int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize:
+        return None
+    return np.frombuffer(content, dtype=np_dtype).reshape(shape)
+
+
+# DataType -> little-endian numpy dtype of the numeric types whose tensor_content is read in place
+_NUMPY = {
+    dt.as_datatype_enum: np.dtype(dt.as_numpy_dtype).newbyteorder("<")
+    for dt in (
+        tf.float32,
+        tf.float64,
+        tf.float16,
+        tf.bfloat16,
+        tf.int8,
+        tf.int16,
+        tf.int32,
+        tf.int64,
+        tf.uint8,
+        tf.uint16,
+        tf.uint32,
+        tf.uint64,
+        tf.bool,
+        tf.complex64,
+        tf.complex128,
+    )
+}
 
 
 def shape_of_proto(shape: tensor_shape_pb2.TensorShapeProto) -> list[int] | None:

@@ -152,11 +152,7 @@ def test_every_exported_shard_holds_exactly_its_rows(tiny: Any, tiny_tf1: Any) -
 
 
 def test_entry_runs_in_tf1_session(tiny_tf1: Any, tiny: Any) -> None:
-    feeds = {}
-    for f in tiny.export.manifest.sparse_features:
-        feeds[f.name] = np.ones((2, tiny.export.manifest.table(f.table).dim), np.float32)
-    for d in tiny.export.manifest.dense_features:
-        feeds[d.name] = np.zeros((2, d.dim), np.float32)
+    feeds = tiny_tf1.unique_feeds(tiny.instances[:2])  # the default entry: unique rows + indices
     out = tiny_tf1.entry.run("serving_default", feeds)
     assert out["ctr"].shape == (2, 1) and out["score"].shape == (2, 2)
 

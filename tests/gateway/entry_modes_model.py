@@ -28,7 +28,13 @@ WORDS = ["red", "green", "blue", "a longer word", "ü"]
 
 def declaration(name: str) -> dict[str, Any]:
     hist = [
-        {"name": f"hist_{c}", "table": "hist_emb", "kind": "multi", "combiner": comb, "pooled": f"hist_{c}_vec"}
+        {
+            "name": f"hist_{c}",
+            "table": "hist_emb",
+            "kind": "multi",
+            "combiner": comb,
+            "pooled": f"hist_{c}_vec",
+        }
         for c, comb in (("mean", "mean"), ("sum", "sum"), ("sqrtn", "sqrtn"))
     ]
     return {
@@ -36,7 +42,13 @@ def declaration(name: str) -> dict[str, Any]:
         "sparse": [
             {"name": "user", "table": "user_emb", "pooled": "user_vec"},
             {"name": "item", "table": "item_emb", "pooled": "item_vec"},
-            {"name": "words", "table": "word_emb", "kind": "multi", "combiner": "mean", "pooled": "words_vec"},
+            {
+                "name": "words",
+                "table": "word_emb",
+                "kind": "multi",
+                "combiner": "mean",
+                "pooled": "words_vec",
+            },
             *hist,
             {
                 "name": "hist_wmean",
@@ -89,7 +101,9 @@ def _masked_pool_class() -> Any:
             denom = ops.sum(w, axis=1) if self.combiner == "mean" else ops.sqrt(ops.sum(w * w, axis=1))
             zero = ops.equal(denom, 0.0)
             safe = ops.where(zero, ops.ones_like(denom), denom)
-            return ops.where(ops.expand_dims(zero, -1), ops.zeros_like(total), total / ops.expand_dims(safe, -1))
+            return ops.where(
+                ops.expand_dims(zero, -1), ops.zeros_like(total), total / ops.expand_dims(safe, -1)
+            )
 
         def compute_mask(self, inputs: Any, mask: Any = None) -> None:
             return None
@@ -115,7 +129,10 @@ def build_model(seed: int = 7) -> Any:
     user = keras.Input((), dtype="string", name="user")
     item = keras.Input((), dtype="int64", name="item")
     words = keras.Input((None,), dtype="string", name="words")
-    hists = {c: keras.Input((HIST_LEN,), dtype="int64", name=f"hist_{c}") for c in ("mean", "sum", "sqrtn", "wmean")}
+    hists = {
+        c: keras.Input((HIST_LEN,), dtype="int64", name=f"hist_{c}")
+        for c in ("mean", "sum", "sqrtn", "wmean")
+    }
     hist_w = keras.Input((HIST_LEN,), name="hist_wmean_w")
     tags = keras.Input((TAGS_LEN,), dtype="int64", name="tags")
     tags_w = keras.Input((TAGS_LEN,), name="tags_w")
@@ -129,7 +146,9 @@ def build_model(seed: int = 7) -> Any:
     )
     w_bins = keras.layers.Hashing(WORD_BINS, mask_value="", name="word_hash")(words)
     w = keras.layers.GlobalAveragePooling1D(name="words_vec")(
-        keras.layers.Embedding(WORD_BINS, 6, mask_zero=True, embeddings_initializer=init, name="word_emb")(w_bins)
+        keras.layers.Embedding(WORD_BINS, 6, mask_zero=True, embeddings_initializer=init, name="word_emb")(
+            w_bins
+        )
     )
     hist_emb = keras.layers.Embedding(60, 8, mask_zero=True, embeddings_initializer=init, name="hist_emb")
     pooled = [
@@ -183,7 +202,9 @@ def keras_predictions(model: Any, insts: list[dict[str, Any]]) -> np.ndarray:
     feeds: dict[str, Any] = {
         "user": np.array([i["user"] for i in insts], dtype=object),
         "item": np.array([i["item"] for i in insts], np.int64),
-        "words": np.array([[*i["words"], *[""] * (words_len - len(i["words"]))] for i in insts], dtype=object),
+        "words": np.array(
+            [[*i["words"], *[""] * (words_len - len(i["words"]))] for i in insts], dtype=object
+        ),
         "x": np.array([i["x"] for i in insts], np.float32),
         "tags": np.zeros((b, TAGS_LEN), np.int64),
         "tags_w": np.zeros((b, TAGS_LEN), np.float32),

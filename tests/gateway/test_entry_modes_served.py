@@ -80,7 +80,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     for d in dirs.values():
         backends.update(exported_backends(d))
     with serve_local(backends) as server:
-        models = [embedding_model(d, entry=server.target, shards=[[server.target]] * 2) for d in dirs.values()]
+        models = [
+            embedding_model(d, entry=server.target, shards=[[server.target]] * 2) for d in dirs.values()
+        ]
         cfg = tmp / "gateway.yaml"
         cfg.write_text(yaml.safe_dump({"models": models}))
         port = free_port()
@@ -127,7 +129,9 @@ def test_issue_17_padded_history_is_pooled_without_its_padding(served: Served) -
         padded_pred = _post(served, m, {"instances": [inst]})
         atol = BF16_TOLERANCE if m == "modes_bf16" else 1e-6
         np.testing.assert_allclose(padded_pred, served.want[:1], rtol=1e-5, atol=atol)
-        np.testing.assert_allclose(_post(served, m, {"instances": [unpadded]}), padded_pred, rtol=0, atol=1e-7)
+        np.testing.assert_allclose(
+            _post(served, m, {"instances": [unpadded]}), padded_pred, rtol=0, atol=1e-7
+        )
 
 
 def test_rest_columns_equal_keras_in_every_mode(served: Served) -> None:

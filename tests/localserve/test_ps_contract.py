@@ -161,8 +161,18 @@ def test_demo_entry_through_serve_local(demo_backends: Any, demo_artifacts: Any)
     inputs = {}
     for name, info in sig.inputs.items():
         dims = [d.size for d in info.tensor_shape.dim]
-        assert info.dtype == tf.float32.as_datatype_enum and dims[0] == -1, (name, dims)
-        inputs[name] = np.full([3, *dims[1:]], 0.1, np.float32)
+        assert dims[0] == -1, (name, dims)
+        if (
+            info.dtype == tf.int32.as_datatype_enum
+        ):  # a unique_rows entry (docs/export.md): indices, row splits
+            inputs[name] = (
+                np.arange(4, dtype=np.int32) if name.startswith("splits__") else np.zeros(3, np.int32)
+            )
+        elif name.startswith("rows__"):  # one row per table that every example reads
+            inputs[name] = np.full([1, *dims[1:]], 0.1, np.float32)
+        else:
+            assert info.dtype == tf.float32.as_datatype_enum, (name, info.dtype)
+            inputs[name] = np.full([3, *dims[1:]], 0.1, np.float32)
     out = _run(demo_backends.target, model, manifest.entry.signature_name, inputs)
     assert set(out) == {o.name for o in manifest.entry.outputs}
     for value in out.values():

@@ -1,0 +1,426 @@
+"""A DLRM-style ranking model split vs whole: the entry input modes' request bytes and latency (issues 17 and 22).
+
+    .venv/bin/python -m benchmarks.dlrm_bench [--rows 1780000] [--batches 512,2048] [--rounds 3] [--seconds 3]
+                                              [--cache-mib 1024] [--write docs/benchmarks.md]
+
+The model: 13 dense features (bottom MLP 512-256-64) and 26 single-id sparse features, dim 64, over 26 tables with
+Criteo-like cardinalities capped so that they hold ``--rows`` rows in all (default 1.78 M); the bottom output and the
+26 embeddings concatenated into the top MLP 512-256-1 (sigmoid). Random weights (no training: the bench measures
+serving). Exported by ``embedgate.export`` three ways and saved whole:
+
+* ``dlrm``: the ``unique_rows`` entry (float32 rows) + 2 PS shards holding every row (what the gateway serves);
+* ``dlrm_bf16``: the ``unique_rows`` entry with bfloat16 rows; ``dlrm_pooled``: the ``pooled`` entry (both exported
+  with 64-row stand-in tables: only their entries are served, fed with requests built from the real rows);
+* ``dlrm_whole``: the Keras model with its tables as one SavedModel.
+
+One serve-local serves all of them; an ``embedgate gateway`` serves ``dlrm`` (and, with ``--cache-mib``, a second
+gateway with a warm hot-row cache fed by a Kafka broker). Traffic, per batch size:
+
+* ``random``: every feature's id drawn as ``floor(card * u**6)`` (skewed to small ids; about 5,900 distinct rows for
+  13,312 (example, feature) slots at batch 512);
+* ``one_user``: a ranking request: the 13 even-numbered (user-side) features constant across the batch, the 13 others
+  drawn per candidate as above.
+
+Targets, measured interleaved (every round runs every target once, rotated order; median and spread of per-round
+ratios to ``whole``): ``whole`` and the three entry calls alone by the bare Python gRPC client
+(``benchmarks.split_client`` with no lookups, so the baseline and the entry calls share one client), the gateway over
+gRPC (ghz; cached and uncached) and REST (vegeta). Request bytes are the serialized requests' sizes. Before timing,
+each entry's predictions are checked against the whole model's (printed as the max abs difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from benchmarks.loadgen import Result, ghz, protoset, split_client, vegeta
+from benchmarks.report import markers, write_section
+
+__all__ = ["CRITEO_CARDINALITIES", "build_dlrm", "main", "traffic"]
+
+BEGIN, END = markers("dlrm_bench")
+DIM = 64
+DENSE = 13
+# The 26 categorical features' cardinalities of the Criteo Kaggle display-advertising data set (public facts)
+CRITEO_CARDINALITIES = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)  # fmt: skip
+USER_SIDE = tuple(
+    range(0, 26, 2)
+)  # one_user traffic: these 13 features are the user's, constant in a request
+SKEW = 6.0  # id = floor(card * u ** SKEW)
+
+
+def cardinalities(rows: int) -> list[int]:
+    """The Criteo cardinalities capped at the largest cap that keeps their sum <= ``rows``."""
+    lo, hi = 1, max(CRITEO_CARDINALITIES)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(min(c, mid) for c in CRITEO_CARDINALITIES) <= rows:
+            lo = mid
+        else:
+            hi = mid - 1
+    return [min(c, lo) for c in CRITEO_CARDINALITIES]
+
+
+def declaration(name: str) -> dict[str, Any]:
+    return {
+        "model_name": name,
+        "sparse": [{"name": f"s{i}", "table": f"t{i}", "pooled": f"e{i}"} for i in range(26)],
+        "dense": [{"name": "dense", "dim": DENSE}],
+    }
+
+
+def build_dlrm(cards: list[int], seed: int = 0) -> Any:
+    """The Keras DLRM-style model (random weights): inputs ``s0..s25`` int64 [B] and ``dense`` float32 [B, 13]."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    dense = keras.Input((DENSE,), name="dense")
+    b = dense
+    for k, units in enumerate((512, 256, 64)):
+        b = keras.layers.Dense(units, activation="relu", name=f"bottom{k}")(b)
+    ids = [keras.Input((), dtype="int64", name=f"s{i}") for i in range(26)]
+    init = keras.initializers.RandomNormal(stddev=0.05, seed=seed)
+    embs = [
+        keras.layers.Identity(name=f"e{i}")(
+            keras.layers.Embedding(c, DIM, embeddings_initializer=init, name=f"t{i}")(x)
+        )
+        for i, (c, x) in enumerate(zip(cards, ids, strict=True))
+    ]
+    h = keras.layers.Concatenate()([b, *embs])
+    for k, units in enumerate((512, 256)):
+        h = keras.layers.Dense(units, activation="relu", name=f"top{k}")(h)
+    out = keras.layers.Dense(1, activation="sigmoid", name="ctr")(h)
+    return keras.Model([*ids, dense], out, name="dlrm")
+
+
+def traffic(kind: str, batch: int, cards: list[int], seed: int) -> dict[str, Any]:
+    """Feature columns of one request: ``s<i>`` int64 [batch], ``dense`` float32 [batch, 13]."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    cols: dict[str, Any] = {}
+    for i, c in enumerate(cards):
+        n = 1 if kind == "one_user" and i in USER_SIDE else batch
+        ids = np.floor(c * rng.random(n) ** SKEW).astype(np.int64)
+        cols[f"s{i}"] = np.broadcast_to(ids, (batch,)).copy()
+    cols["dense"] = rng.normal(size=(batch, DENSE)).astype(np.float32)
+    return cols
+
+
+def _save_whole(model: Any, dest: Path) -> None:
+    import tensorflow as tf
+
+    specs = {x.name: tf.TensorSpec(x.shape, x.dtype, name=x.name) for x in model.inputs}
+
+    def serve(inputs: dict[str, Any]) -> dict[str, Any]:
+        return {"ctr": model(inputs, training=False)}
+
+    module = tf.Module()
+    module.variables_ = [getattr(v, "value", v) for v in model.variables]
+    fn = tf.function(serve, input_signature=[specs]).get_concrete_function()
+    tf.saved_model.save(module, str(dest / "1"), signatures={"serving_default": fn})
+
+
+def _export_all(model: Any, cards: list[int], out: Path) -> dict[str, Any]:
+    """``dlrm`` (unique_rows, every row), ``dlrm_bf16`` and ``dlrm_pooled`` (64-row stand-in tables): manifests."""
+    import numpy as np
+
+    from embedgate.export.declaration import Declaration
+    from embedgate.export.exporter import export_model
+
+    manifests = {}
+    t0 = time.perf_counter()
+    r = export_model(model, Declaration.model_validate(declaration("dlrm")), out, num_shards=2)
+    manifests["dlrm"] = r.manifest
+    print(
+        f"dlrm exported in {time.perf_counter() - t0:.0f} s (self-check error {r.max_error:.2g})",
+        file=sys.stderr,
+    )
+    stand_in = {
+        f"t{i}": (np.arange(min(64, c), dtype=np.int64), model.get_layer(f"t{i}").embeddings.numpy()[:64])
+        for i, c in enumerate(cards)
+    }
+    for name, mode, dtype in (("dlrm_bf16", "unique_rows", "bfloat16"), ("dlrm_pooled", "pooled", "float32")):
+        r = export_model(
+            model,
+            Declaration.model_validate(declaration(name)),
+            out,
+            num_shards=1,
+            tables=stand_in,
+            entry_input=mode,
+            entry_row_dtype=dtype,
+        )
+        manifests[name] = r.manifest
+        print(f"{name} exported (self-check error {r.max_error:.2g})", file=sys.stderr)
+    return manifests
+
+
+def _entry_requests(
+    cols: dict[str, Any], tables: dict[str, Any], manifests: dict[str, Any]
+) -> dict[str, bytes]:
+    """The serialized entry request of each export for ``cols``, built by the gateway's own code from the real rows."""
+    from gateway.embedding import entry_inputs, plan_lookups
+    from gateway.features import batch_from_columns
+    from schemas.manifest import entry_model_name
+    from schemas.wire import predict_request
+
+    out = {}
+    for name, m in manifests.items():
+        batch = batch_from_columns({k: v.tolist() for k, v in cols.items()}, m)
+        plan = plan_lookups(batch, m)
+        values = [{t: tables[t][ids] for t, ids in shard.items()} for shard in plan.shard_ids]
+        out[name] = predict_request(entry_model_name(name), "", entry_inputs(plan, values, batch, m))
+    return out
+
+
+def _tensor_request(model: str, cols: dict[str, Any]) -> bytes:
+    from schemas.proto import tfs_pb2
+    from schemas.wire import predict_request_for
+
+    return predict_request_for(tfs_pb2.ModelSpec(name=model), list(cols.items()))
+
+
+def _check_equal(target: str, whole: bytes, entries: dict[str, bytes]) -> dict[str, float]:
+    """Max abs difference of each entry's predictions from the whole model's (one call each)."""
+    import grpc
+    import numpy as np
+
+    from schemas.proto import tfs_pb2
+    from schemas.tensors import to_ndarray
+
+    opts = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
+    with grpc.insecure_channel(target, options=opts) as ch:
+        call = ch.unary_unary(
+            "/tensorflow.serving.PredictionService/Predict",
+            response_deserializer=tfs_pb2.PredictResponse.FromString,
+        )
+        want = to_ndarray(call(whole, timeout=120).outputs["ctr"]).reshape(-1)
+        return {
+            name: float(np.max(np.abs(to_ndarray(call(req, timeout=120).outputs["ctr"]).reshape(-1) - want)))
+            for name, req in entries.items()
+        }
+
+
+def _interleaved(targets: dict[str, Callable[[], Result]], rounds: int) -> list[dict[str, Result]]:
+    from benchmarks.serving_bench import _interleaved as interleaved
+
+    return interleaved(targets, rounds)
+
+
+def _gateway_yaml(path: Path, model_dir: Path, backend: str, grpc_port: int, extra: dict[str, Any]) -> Path:
+    import yaml
+
+    cfg = {
+        "log": {"access": False},
+        "max_body_bytes": 256 * 1024 * 1024,
+        "grpc_port": grpc_port,
+        "models": [
+            {
+                "kind": "embedding",
+                "name": "dlrm",
+                "manifest": str(model_dir),
+                "entry": backend,
+                "shards": [{"replicas": [backend]}] * 2,
+            }
+        ],
+        **extra,
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    import tests.support.servers
+    from benchmarks.serving_bench import _create_topic, _summary, _wait_cache_serving
+    from benchmarks.split_client import write_requests
+    from schemas.deltas import delta_topic
+    from tests.support.gateway import run_gateway
+    from tests.support.ports import free_port
+    from tests.support.servers import serve_local
+    from tests.support.stack import exported_backends
+
+    # 26 tables of up to 2 M rows take serve-local longer to restore than a test model's 60 s start limit
+    tests.support.servers._START_TIMEOUT = max(tests.support.servers._START_TIMEOUT, 900.0)
+
+    cards = cardinalities(args.rows)
+    report: dict[str, Any] = {
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
+        "command": "python -m benchmarks.dlrm_bench " + " ".join(sys.argv[1:]),
+        "rows": sum(cards),
+        "load_average_start": round(os.getloadavg()[0], 1),
+    }
+    with tempfile.TemporaryDirectory(prefix="dlrmbench-") as tmp_s:
+        tmp = Path(tmp_s)
+        t0 = time.perf_counter()
+        model = build_dlrm(cards)
+        manifests = _export_all(model, cards, tmp / "out")
+        _save_whole(model, tmp / "whole")
+        tables = {f"t{i}": model.get_layer(f"t{i}").embeddings.numpy() for i in range(26)}
+        del model
+        print(f"built, exported and saved whole in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        served = {"dlrm_whole": tmp / "whole"}
+        for name in manifests:
+            served.update(exported_backends(tmp / "out" / name, shards=[] if name != "dlrm" else None))
+        proto_set = protoset(tmp / "tfs.protoset")
+        with serve_local(served) as backend:
+            stack = contextlib.ExitStack()
+            grpc_targets = {"gateway_grpc": free_port()}
+            gw = stack.enter_context(
+                run_gateway(
+                    _gateway_yaml(
+                        tmp / "gw.yaml",
+                        tmp / "out" / "dlrm",
+                        backend.target,
+                        grpc_targets["gateway_grpc"],
+                        {},
+                    )
+                )
+            )
+            if args.cache_mib:
+                from tests.support.kafka import kafka_broker
+
+                broker = stack.enter_context(kafka_broker(tmp / "kafka"))
+                asyncio.run(_create_topic(broker.bootstrap, delta_topic("dlrm"), 2))
+                grpc_targets["gateway_grpc_cache"] = free_port()
+                cache = {"cache": {"max_bytes": args.cache_mib << 20, "bootstrap_servers": broker.bootstrap}}
+                ccfg = _gateway_yaml(
+                    tmp / "cached.yaml",
+                    tmp / "out" / "dlrm",
+                    backend.target,
+                    grpc_targets["gateway_grpc_cache"],
+                    cache,
+                )
+                cgw = stack.enter_context(run_gateway(ccfg))
+                _wait_cache_serving(cgw.url, "dlrm")
+            with stack:
+                results: dict[str, Any] = {}
+                for kind in args.traffic:
+                    for b in args.batches:
+                        key = f"{kind}/{b}"
+                        cols = traffic(kind, b, cards, seed=b)
+                        whole = _tensor_request("dlrm_whole", cols)
+                        entries = _entry_requests(cols, tables, manifests)
+                        diffs = _check_equal(backend.target, whole, entries)
+                        files = {}
+                        for name, raw in {
+                            "whole": whole,
+                            **{f"entry_{n}": r for n, r in entries.items()},
+                        }.items():
+                            files[name] = tmp / f"{name}_{kind}_{b}.bin"
+                            write_requests(files[name], [], raw)
+                        distinct = sum(len(np.unique(cols[f"s{i}"])) for i in range(26))
+                        sizes = {"whole": len(whole), **{f"entry_{n}": len(r) for n, r in entries.items()}}
+                        grpc_req = _tensor_request("dlrm", cols)
+                        rest = json.dumps({"inputs": {k: v.tolist() for k, v in cols.items()}}).encode()
+                        secs = args.seconds
+                        targets: dict[str, Callable[[], Result]] = {
+                            name: partial(split_client, backend.target, path, clients=1, seconds=secs)
+                            for name, path in files.items()
+                        }
+                        for name, port in grpc_targets.items():
+                            targets[name] = partial(
+                                ghz, f"127.0.0.1:{port}", grpc_req, proto_set, clients=1, seconds=secs
+                            )
+                        targets["gateway_rest"] = partial(
+                            vegeta, f"{gw.url}/v1/models/dlrm:predict", rest, clients=1, seconds=secs
+                        )
+                        print(
+                            f"{key}: {distinct} distinct rows; diffs {diffs}; bytes {sizes}", file=sys.stderr
+                        )
+                        results[key] = {
+                            "distinct_rows": distinct,
+                            "slots": 26 * b,
+                            "max_abs_diff_vs_whole": {k: float(f"{v:.3g}") for k, v in diffs.items()},
+                            "bytes": sizes,
+                            "bytes_ratio": {k: round(v / sizes["whole"], 2) for k, v in sizes.items()},
+                            "p50": _summary(_interleaved(targets, args.rounds), "p50_ms", "whole"),
+                        }
+                report["results"] = results
+    report["load_average_end"] = round(os.getloadavg()[0], 1)
+    return report
+
+
+def _table(report: dict[str, Any]) -> str:
+    cols = [
+        "entry_dlrm",
+        "entry_dlrm_bf16",
+        "entry_dlrm_pooled",
+        "gateway_grpc",
+        "gateway_grpc_cache",
+        "gateway_rest",
+    ]
+    head = (
+        "| traffic / batch | distinct rows / slots | request bytes ÷ whole: unique f32 / bf16 / pooled | p50 ÷ whole "
+        "(median, spread over rounds): "
+        + " / ".join(c.removeprefix("entry_") for c in cols)
+        + " | whole p50 |"
+    )
+    lines = [
+        (
+            f"Command: `{report['command']}`; {report['rows']:,} rows, dim {DIM}, 2 shards; "
+            f"{report['machine']['cores']} cores; load average {report['load_average_start']} -> "
+            f"{report['load_average_end']}."
+        ),
+        "",
+        head,
+        "|---|---|---|---|---|",
+    ]
+    for key, r in report["results"].items():
+        br = r["bytes_ratio"]
+        p50 = r["p50"]
+        cells = []
+        for c in cols:
+            if c in p50:
+                x = p50[c]
+                cells.append(f"{x['ratio']}x ({x['ratio_min']}-{x['ratio_max']})")
+            else:
+                cells.append("-")
+        lines.append(
+            f"| {key} | {r['distinct_rows']:,} / {r['slots']:,} | {br['entry_dlrm']}x / {br['entry_dlrm_bf16']}x / "
+            f"{br['entry_dlrm_pooled']}x ({r['bytes']['whole']:,} B whole) | {' / '.join(cells)} | "
+            f"{p50['whole']['p50_ms']} ms |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--rows", type=int, default=1_780_000, help="rows over the 26 tables (Criteo cardinalities capped)"
+    )
+    p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[512, 2048])
+    p.add_argument("--traffic", type=lambda s: s.split(","), default=["one_user", "random"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument(
+        "--cache-mib", type=int, default=1024, help="hot-row cache of the cached gateway (0: none)"
+    )
+    p.add_argument(
+        "--write", type=Path, default=None, help="rewrite the dlrm_bench section of this Markdown file"
+    )
+    args = p.parse_args(argv)
+    report = run(args)
+    print(json.dumps(report, indent=1))
+    if args.write is not None:
+        write_section(args.write, BEGIN, END, _table(report), "## DLRM entry modes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
