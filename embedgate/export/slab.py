@@ -392,10 +392,11 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
                     out[expire_count_output(t)] = tf.constant(0, tf.int64)
                     continue
                 keys, values = tab.index.export()
+                keys, values = tf.reshape(keys, [-1]), tf.reshape(values, [-1])
                 real = keys > DELETED_KEY  # the rest are empty and deleted buckets
                 ids, slots = tf.boolean_mask(keys, real), tf.boolean_mask(values, real)
                 cutoff = now_ms - int(tab.spec.ttl_s * 1000)
-                old = tf.gather(tab.written, slots) < cutoff
+                old = tf.reshape(tf.gather(tab.written, slots), [-1]) < cutoff
                 gone, gone_slots = tf.boolean_mask(ids, old), tf.boolean_mask(slots, old)
                 # the tombstone's version is the cutoff: a write no newer than it (which would have expired by now)
                 # cannot resurrect the row; a newer one (a trainer touching the id again) brings it back
