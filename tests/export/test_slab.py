@@ -100,7 +100,10 @@ def test_deletes_free_slots_that_upserts_reuse_and_the_slab_grows_in_chunks(tmp_
     ps = tf.saved_model.load(str(tmp_path / "1"))
 
     def call(sig: str, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
-        return {k: v.numpy() for k, v in ps.signatures[sig](**{k: tf.constant(v) for k, v in feeds.items()}).items()}
+        return {
+            k: v.numpy()
+            for k, v in ps.signatures[sig](**{k: tf.constant(v) for k, v in feeds.items()}).items()
+        }
 
     def capacity() -> int:
         return int(tf.shape(ps.slabs["t"])[0])
@@ -180,7 +183,9 @@ def test_expire_removes_stale_rows_with_a_tombstone(tmp_path: Path) -> None:
             return int(out["t_expired"]), int(out["u_expired"])
 
         def lookup(ids: list[int]) -> np.ndarray:
-            return m.run("lookup", {"t_ids": np.array(ids, np.int64), "u_ids": np.zeros(0, np.int64)})["t_values"]
+            return m.run("lookup", {"t_ids": np.array(ids, np.int64), "u_ids": np.zeros(0, np.int64)})[
+                "t_values"
+            ]
 
         assert expire(exported_at + 10_000) == (0, 0)  # exported rows count as written at export time
         # rows 1 and 2 are written later (producer timestamps), so they outlive the exported ones
