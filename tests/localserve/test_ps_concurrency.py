@@ -23,8 +23,8 @@ from tests.support.servers import LocalServer, serve_local
 pytestmark = pytest.mark.integration
 
 DIM = 4
-POOL = 300  # ids the writers fight over
-WRITERS, READERS, CALLS = 4, 2, 40
+POOL = 2000  # ids the writers fight over
+WRITERS, READERS, CALLS = 6, 2, 25
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +76,9 @@ def test_overlapping_writes_and_lookups_keep_every_row(slab_server: LocalServer)
         with grpc.insecure_channel(slab_server.target) as ch:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(ch)
             for c in range(CALLS):
-                n = int(rng.integers(1, 120))
+                n = int(rng.integers(1, 2000))
                 ids = rng.integers(0, POOL, n).astype(np.int64)
-                ts = rng.integers(0, 50, n).astype(np.int64)
+                ts = rng.integers(0, 1000, n).astype(np.int64)
                 seqs = (np.arange(n) * WRITERS * CALLS + c * WRITERS + k).astype(np.int64)  # unique versions
                 feeds = {
                     "ids": ids,
