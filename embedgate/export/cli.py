@@ -289,6 +289,14 @@ def _export(args: argparse.Namespace) -> int:
         f"exported {r.model_dir} version {r.version}: entry + {r.manifest.num_shards} PS shards, "
         f"tables {', '.join(f'{t.name}({t.rows}x{t.dim})' for t in r.manifest.tables)}"
     )
+    if r.self_check is not None:
+        rep = r.self_check
+        outs = ", ".join(f"{k} {v:.3g}" for k, v in rep.output_error.items())
+        rows = ", ".join(f"{k} {v:.3g}" for k, v in rep.row_error.items())
+        print(
+            f"self-check: largest abs error vs the trained model: outputs {outs}; rows {rows} "
+            f"(tolerance rtol {rep.tolerance[0]:g}, atol {rep.tolerance[1]:g} x max(1, |output|))"
+        )
     return 0
 
 

@@ -80,6 +80,7 @@ class ExportResult:
     model_dir: Path  # <out>/<model>
     version: int
     manifest: Manifest
+    self_check: Any = None  # selfcheck.SelfCheckReport of the export (None: no self-check ran)
 
 
 @dataclass
@@ -168,6 +169,7 @@ def _export_plan(
         stream_cut=dict(stream_cut or {}),
     )
     written_ms = int(time.time() * 1000)  # exported rows count as written now (ttl_s)
+    report: list[Any] = []
 
     def build(tmp: Path) -> None:
         _save_entry(plan.entry, plan.sparse, plan.dense, plan.tables, plan.outputs, tmp / ENTRY_DIR)
@@ -190,7 +192,9 @@ def _export_plan(
             from embedgate.export.selfcheck import check_staged, sample_instances
 
             instances = sample_instances(manifest, plan.sample_ids, plan.lengths, raw=plan.raw_samples)
-            check_staged(tmp, manifest, plan.reference, instances, plan.lengths, plan.mappings)
+            report.append(
+                check_staged(tmp, manifest, plan.reference, instances, plan.lengths, plan.mappings, plan.rows)
+            )
 
     extra = {LOOKUPS_FILE: dump_lookups(list(plan.mappings.values()))} if plan.mappings else {}
     write_artifacts(model_dir, manifest, build, overwrite=overwrite, extra_files=extra)
@@ -199,7 +203,9 @@ def _export_plan(
         example = _example_request(manifest, plan.rows, raw=plan.raw_samples)
         tmp_req.write_text(json.dumps(example) + "\n", encoding="utf-8")
         tmp_req.replace(model_dir / EXAMPLE_REQUEST_FILE)
-    return ExportResult(model_dir=model_dir, version=ver, manifest=manifest)
+    return ExportResult(
+        model_dir=model_dir, version=ver, manifest=manifest, self_check=report[0] if report else None
+    )
 
 
 def check_stream_cut(cut: Mapping[str, int] | None) -> dict[str, int]:

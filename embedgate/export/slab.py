@@ -59,6 +59,7 @@ EMPTY_KEY = int(np.iinfo(np.int64).min)  # the index's sentinels: these two ids 
 DELETED_KEY = EMPTY_KEY + 1
 _LOCK_NAME = "embedgate_ps_lock"
 _MAX_SEQ = int(np.iinfo(np.int64).max)
+_FLOAT16_MAX = 65504.0
 _HIDDEN = -2  # overlay value of a deleted exported id
 
 
@@ -99,6 +100,11 @@ def write_slab_shard(
         if n and int(np.min(ids)) <= DELETED_KEY:
             raise ValueError(
                 f"table {t!r}: ids {EMPTY_KEY} and {DELETED_KEY} are reserved by the slab layout"
+            )
+        if spec.row_dtype == "float16" and n and float(np.max(np.abs(values))) > _FLOAT16_MAX:
+            raise ValueError(
+                f"table {t!r}: a row element of magnitude {float(np.max(np.abs(values))):.4g} does not fit "
+                f"row_dtype float16 (largest {_FLOAT16_MAX}); use bfloat16 or float32"
             )
         order = np.argsort(ids, kind="stable")
         cap = max(n, 1)  # never empty: a gather needs a row to read (masked out for unknown ids)
