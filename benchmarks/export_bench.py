@@ -169,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"command: {cmd}")
     print(f"cpus: {os.cpu_count()}  rows: {rows}  dim: {args.dim}  shards: {args.shards}")
-    print(f"raw numpy: {raw_vec_mb:.0f} MB float32 vectors per million rows ({raw_mb:.0f} MB with int64 keys)")
+    print(
+        f"raw numpy: {raw_vec_mb:.0f} MB float32 vectors per million rows ({raw_mb:.0f} MB with int64 keys)"
+    )
     base = results[0][1]
     for (layout, dtype), r in results:
         name = layout if dtype == "float32" else f"{layout}:{dtype}"

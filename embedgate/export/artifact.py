@@ -95,7 +95,11 @@ def import_tables(
         for i in range(n):
             part = {name: (r[0][shards[name] == i], r[1][shards[name] == i]) for name, r in rows.items()}
             write_ps_shard(
-                tmp / ps_dir_name(i), specs, part, layout=manifest.ps_layout, written_ms=int(time.time() * 1000)
+                tmp / ps_dir_name(i),
+                specs,
+                part,
+                layout=manifest.ps_layout,
+                written_ms=int(time.time() * 1000),
             )
 
     # The raw-value mapping of lookup features is the entry's, which is copied unchanged: keep it.

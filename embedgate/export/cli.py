@@ -314,8 +314,14 @@ def _export(args: argparse.Namespace) -> int:
             else ""
         )
     )
-    if r.max_error is not None:
-        print(f"self-check: largest prediction error against the model {r.max_error:.3g}")
+    if r.self_check is not None:
+        rep = r.self_check
+        outs = ", ".join(f"{k} {v:.3g}" for k, v in rep.output_error.items())
+        rows = ", ".join(f"{k} {v:.3g}" for k, v in rep.row_error.items())
+        print(
+            f"self-check: largest abs error vs the trained model: outputs {outs}; rows {rows} "
+            f"(tolerance rtol {rep.tolerance[0]:g}, atol {rep.tolerance[1]:g} x max(1, |output|))"
+        )
     return 0
 
 

@@ -84,6 +84,7 @@ class ExportResult:
     manifest: Manifest
     # the self-check's largest absolute prediction error against the model (None: no self-check ran)
     max_error: float | None = None
+    self_check: Any = None  # selfcheck.SelfCheckReport of the export (None: no self-check ran)
 
 
 @dataclass
@@ -197,7 +198,6 @@ def _export_plan(
     if ver < 1:
         raise ExportError(f"version must be >= 1, got {ver}")
     entry_spec = _entry_spec(plan.outputs, entry_input, entry_row_dtype)
-    checked: list[float] = []
     manifest = Manifest(
         model_name=decl.model_name,
         version=ver,
@@ -211,6 +211,7 @@ def _export_plan(
         tensorflow_version=_tensorflow_version(),
     )
     written_ms = int(time.time() * 1000)  # exported rows count as written now (ttl_s)
+    report: list[Any] = []
 
     def build(tmp: Path) -> None:
         _save_entry(plan.entry, manifest, tmp / ENTRY_DIR)
@@ -233,8 +234,8 @@ def _export_plan(
             from embedgate.export.selfcheck import check_staged, sample_instances
 
             instances = sample_instances(manifest, plan.sample_ids, plan.lengths, raw=plan.raw_samples)
-            checked.append(
-                check_staged(tmp, manifest, plan.reference, instances, plan.lengths, plan.mappings)
+            report.append(
+                check_staged(tmp, manifest, plan.reference, instances, plan.lengths, plan.mappings, plan.rows)
             )
 
     extra = {LOOKUPS_FILE: dump_lookups(list(plan.mappings.values()))} if plan.mappings else {}
@@ -245,7 +246,11 @@ def _export_plan(
         tmp_req.write_text(json.dumps(example) + "\n", encoding="utf-8")
         tmp_req.replace(model_dir / EXAMPLE_REQUEST_FILE)
     return ExportResult(
-        model_dir=model_dir, version=ver, manifest=manifest, max_error=checked[0] if checked else None
+        model_dir=model_dir,
+        version=ver,
+        manifest=manifest,
+        max_error=max(report[0].output_error.values(), default=0.0) if report else None,
+        self_check=report[0] if report else None,
     )
 
 

@@ -4,16 +4,19 @@ Per table ``t`` (checkpoint names in brackets; all core TF, restored by the TF1 
 
 * ``slabs/<t>``: a resource variable ``[capacity, dim]`` of the table's ``row_dtype`` (float32, float16 or bfloat16)
   created with an unknown shape, so a write that needs more slots re-assigns it to a larger tensor (growth by a
-  quarter of the capacity, at least :data:`MIN_GROWTH` rows: amortised O(1) per row, at most 25 % slack);
-* ``row_versions/<t>``: int64 ``[capacity, 2]``, the version (timestamp ms, seq) of the row in each slot, parallel to
-  the slab; exported rows have (-1, -1);
-* ``index/<t>``: ``DenseHashTable`` int64 id -> int64 slot (open addressing: 16 bytes per bucket, 20-40 bytes per
-  id at its 0.8 load factor); ids -2**63 and -2**63 + 1 are its sentinels: they look up to the default row and
-  writes of them are ignored (not ``applied``);
+  quarter of the capacity, at least :data:`MIN_GROWTH` rows: amortised O(1) per row, at most 25 % slack); an export
+  has exactly its rows' capacity;
+* ``keys/<t>``: int64 ``[n]``, the exported ids, sorted; the exported row of ``keys[i]`` is in slot ``i``, found by
+  binary search (``searchsorted``): 8 bytes per exported row, no hash table;
+* ``overlay/<t>``: ``DenseHashTable`` int64 id -> int64 slot for what changed since the export: the slot of an id
+  written later, or -2 for a deleted exported id (open addressing, 16 bytes per bucket; only changed ids pay). Ids
+  -2**63 and -2**63 + 1 are its sentinels: they look up to the default row and writes of them are ignored;
+* ``row_versions/<t>``: int64 ``[capacity, 2]``, parallel to the slab: the version (timestamp ms, seq) of each slot's
+  row; exported rows have (-1, -1);
+* ``tombstones/<t>``: ``DenseHashTable`` int64 id -> int64[2], the version of each deleted id (only deleted ids pay),
+  so an older write arriving later cannot resurrect the row;
 * ``free/<t>`` + ``free_count/<t>``: a stack of slots freed by deletes (and expiry), reused before new slots;
-* ``used/<t>``: the high-water mark of slots handed out;
-* ``tombstones/<t>``: ``MutableHashTable`` int64 id -> int64[2], the version of each deleted id (only deleted ids pay
-  for it), so an older write arriving later cannot resurrect the row;
+  ``used/<t>``: the high-water mark of slots handed out; ``count/<t>``: the live rows;
 * ``written/<t>`` (tables with ``ttl_s`` only): int64 ``[capacity]``, the timestamp (ms) of the write that set each
   slot's row (exported rows: the export time), read by the ``expire`` signature.
 
@@ -54,9 +57,10 @@ Rows = tuple[Any, Any]
 MIN_GROWTH = 1024  # fewest slots a growing slab adds
 EMPTY_KEY = int(np.iinfo(np.int64).min)  # the index's sentinels: these two ids never get a row
 DELETED_KEY = EMPTY_KEY + 1
-_MAX_LOAD = 0.8  # DenseHashTable's default max_load_factor
 _LOCK_NAME = "embedgate_ps_lock"
 _MAX_SEQ = int(np.iinfo(np.int64).max)
+_FLOAT16_MAX = 65504.0
+_HIDDEN = -2  # overlay value of a deleted exported id
 
 
 def write_slab_shard(
@@ -69,53 +73,62 @@ def write_slab_shard(
 ) -> None:
     """Save one PS shard in the slab layout at ``path``; arguments as :func:`embedgate.export.ps.write_ps_shard`.
 
-    ``written_ms``: the time exported rows count as written (tables with ``ttl_s``)."""
+    ``written_ms``: the time exported rows count as written (tables with ``ttl_s``). ValueError if an id is one of
+    the two reserved sentinels."""
     import tensorflow as tf
 
     module = tf.Module()
-    module.index, module.slabs, module.row_versions, module.tombstones = {}, {}, {}, {}
-    module.free, module.free_count, module.used, module.written, module.positions = {}, {}, {}, {}, {}
+    for attr in (
+        "slabs",
+        "keys",
+        "overlay",
+        "row_versions",
+        "tombstones",
+        "free",
+        "free_count",
+        "used",
+        "count",
+    ):
+        setattr(module, attr, {})
+    module.written, module.positions = {}, {}
     cut = dict(stream_cut or {})
     for spec in tables:
-        ids, values = rows.get(spec.name, (np.zeros(0, np.int64), np.zeros((0, spec.dim), np.float32)))
-        n = len(ids)
-        cap = max(n, 1)  # never empty: a gather needs a row to read (masked out for unknown ids)
-        dtype = tf.as_dtype(spec.row_dtype)
-        slab = np.zeros((cap, spec.dim), np.float32)
-        slab[:n] = values
         t = spec.name
-        module.slabs[t] = tf.Variable(
-            tf.cast(tf.constant(slab), dtype), shape=tf.TensorShape(None), name=f"ps_slab_{t}"
-        )
-        del slab
-        module.row_versions[t] = tf.Variable(
-            tf.fill([cap, 2], tf.constant(-1, tf.int64)), shape=tf.TensorShape(None), name=f"ps_versions_{t}"
-        )
+        ids, values = rows.get(t, (np.zeros(0, np.int64), np.zeros((0, spec.dim), np.float32)))
+        ids = np.asarray(ids, np.int64)
+        n = len(ids)
         if n and int(np.min(ids)) <= DELETED_KEY:
             raise ValueError(
                 f"table {t!r}: ids {EMPTY_KEY} and {DELETED_KEY} are reserved by the slab layout"
             )
-        index = tf.lookup.experimental.DenseHashTable(
-            key_dtype=tf.int64,
-            value_dtype=tf.int64,
-            default_value=-1,
-            empty_key=EMPTY_KEY,
-            deleted_key=DELETED_KEY,
-            initial_num_buckets=_buckets(n),
-            name=f"ps_index_{t}",
+        if spec.row_dtype == "float16" and n and float(np.max(np.abs(values))) > _FLOAT16_MAX:
+            raise ValueError(
+                f"table {t!r}: a row element of magnitude {float(np.max(np.abs(values))):.4g} does not fit "
+                f"row_dtype float16 (largest {_FLOAT16_MAX}); use bfloat16 or float32"
+            )
+        order = np.argsort(ids, kind="stable")
+        cap = max(n, 1)  # never empty: a gather needs a row to read (masked out for unknown ids)
+        slab = np.zeros((cap, spec.dim), np.float32)
+        slab[:n] = np.asarray(values, np.float32)[order]
+        module.slabs[t] = tf.Variable(
+            tf.cast(tf.constant(slab), tf.as_dtype(spec.row_dtype)),
+            shape=tf.TensorShape(None),
+            name=f"ps_slab_{t}",
         )
-        if n:
-            index.insert(tf.constant(ids, tf.int64), tf.range(n, dtype=tf.int64))
-        module.index[t] = index
-        module.tombstones[t] = tf.lookup.experimental.MutableHashTable(
-            key_dtype=tf.int64,
-            value_dtype=tf.int64,
-            default_value=tf.constant([-1, -1], tf.int64),
-            name=f"ps_tombstones_{t}",
+        del slab
+        # an empty table keeps one sentinel key (never matched: reserved ids are looked up as 0)
+        module.keys[t] = tf.Variable(
+            ids[order] if n else np.array([EMPTY_KEY], np.int64), name=f"ps_keys_{t}"
         )
+        module.overlay[t] = _dense_table(tf.constant(-1, tf.int64), f"ps_overlay_{t}")
+        module.row_versions[t] = tf.Variable(
+            tf.fill([cap, 2], tf.constant(-1, tf.int64)), shape=tf.TensorShape(None), name=f"ps_versions_{t}"
+        )
+        module.tombstones[t] = _dense_table(tf.constant([-1, -1], tf.int64), f"ps_tombstones_{t}")
         module.free[t] = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape(None), name=f"ps_free_{t}")
         module.free_count[t] = tf.Variable(tf.constant(0, tf.int64), name=f"ps_free_count_{t}")
         module.used[t] = tf.Variable(tf.constant(n, tf.int64), name=f"ps_used_{t}")
+        module.count[t] = tf.Variable(tf.constant(n, tf.int64), name=f"ps_count_{t}")
         if spec.ttl_s is not None:
             module.written[t] = tf.Variable(
                 tf.fill([cap], tf.constant(written_ms, tf.int64)),
@@ -131,24 +144,35 @@ def write_slab_shard(
     tf.saved_model.save(module, str(path), signatures=_signatures(module, tables))
 
 
-def _buckets(n: int) -> int:
-    """The index's initial bucket count for ``n`` ids: the power of two DenseHashTable would grow to."""
-    b = 8
-    while n >= b * _MAX_LOAD:
-        b *= 2
-    return b
+def _dense_table(default: Any, name: str) -> Any:
+    """An empty int64-keyed ``DenseHashTable``: 8 buckets (a loaded one adopts its saved buckets, no second array)."""
+    import tensorflow as tf
+
+    return tf.lookup.experimental.DenseHashTable(
+        key_dtype=tf.int64,
+        value_dtype=tf.int64,
+        default_value=default,
+        empty_key=EMPTY_KEY,
+        deleted_key=DELETED_KEY,
+        initial_num_buckets=8,
+        name=name,
+    )
 
 
 def read_slab_rows(reader: Any, spec: TableSpec, where: str) -> Rows:
     """(ids, float32 rows) of ``spec`` from a slab-layout checkpoint ``reader``; ValueError naming ``where``."""
     t = spec.name
-    ids = reader.get_tensor(f"index/{t}/.ATTRIBUTES/table-keys").astype(np.int64)
-    slots = reader.get_tensor(f"index/{t}/.ATTRIBUTES/table-values").astype(np.int64)
-    real = ids > DELETED_KEY  # the rest are the DenseHashTable's empty and deleted buckets
-    ids, slots = ids[real], slots[real]
     slab = reader.get_tensor(f"slabs/{t}/.ATTRIBUTES/VARIABLE_VALUE")
     if slab.ndim != 2 or slab.shape[1] != spec.dim:
         raise ValueError(f"{where}: table {t!r} has rows of shape {slab.shape[1:]}, expected ({spec.dim},)")
+    keys = reader.get_tensor(f"keys/{t}/.ATTRIBUTES/VARIABLE_VALUE").astype(np.int64)
+    ov_k = reader.get_tensor(f"overlay/{t}/.ATTRIBUTES/table-keys").astype(np.int64).reshape(-1)
+    ov_v = reader.get_tensor(f"overlay/{t}/.ATTRIBUTES/table-values").astype(np.int64).reshape(-1)
+    real = ov_k > DELETED_KEY  # the rest are the DenseHashTable's empty and deleted buckets
+    ov_k, ov_v = ov_k[real], ov_v[real]
+    base = (keys > DELETED_KEY) & ~np.isin(keys, ov_k)
+    ids = np.concatenate([keys[base], ov_k[ov_v >= 0]])
+    slots = np.concatenate([np.flatnonzero(base), ov_v[ov_v >= 0]])
     return ids, np.asarray(slab[slots], dtype=np.float32)
 
 
@@ -159,19 +183,26 @@ class _Table:
     def __init__(self, module: Any, spec: TableSpec) -> None:
         t = spec.name
         self.spec = spec
-        self.slab, self.versions = module.slabs[t], module.row_versions[t]
-        self.index, self.tombstones = module.index[t], module.tombstones[t]
+        self.slab, self.keys, self.overlay = module.slabs[t], module.keys[t], module.overlay[t]
+        self.versions, self.tombstones = module.row_versions[t], module.tombstones[t]
         self.free, self.free_count, self.used = module.free[t], module.free_count[t], module.used[t]
+        self.count = module.count[t]
         self.written = module.written.get(t)
         self.position = module.positions[t]
 
     def slots(self, ids: Any) -> Any:
-        """int64 [n]: the slot of each id, -1 for an unknown (or reserved) id."""
+        """int64 [n]: the slot of each id, -1 for an unknown, deleted or reserved id."""
         import tensorflow as tf
 
-        reserved = ids <= DELETED_KEY
-        slot = tf.reshape(self.index.lookup(tf.where(reserved, tf.zeros_like(ids), ids)), [-1])
-        return tf.where(reserved, tf.constant(-1, tf.int64), slot)
+        safe = _safe(ids)
+        over = tf.reshape(self.overlay.lookup(safe), [-1])
+        keys = self.keys.read_value()  # never sparse-accessed: the read aliases the variable, no copy
+        pos = tf.searchsorted(keys, safe, out_type=tf.int64)
+        last = tf.size(keys, out_type=tf.int64) - 1
+        hit = tf.equal(tf.gather(keys, tf.minimum(pos, last)), safe)
+        base = tf.where(hit, pos, tf.constant(-1, tf.int64))
+        slot = tf.where(over >= 0, over, tf.where(over == _HIDDEN, tf.constant(-1, tf.int64), base))
+        return tf.where(ids <= DELETED_KEY, tf.constant(-1, tf.int64), slot)
 
     def gather(self, ids: Any) -> Any:
         """float32 [n, dim]: the rows of ``ids``, the default row for an unknown id."""
@@ -188,8 +219,24 @@ class _Table:
 
         slot = self.slots(ids)
         live = tf.gather(self.versions, tf.maximum(slot, 0))
-        tomb = tf.reshape(self.tombstones.lookup(ids), [-1, 2])
+        tomb = tf.reshape(self.tombstones.lookup(_safe(ids)), [-1, 2])
         return slot, tf.where(tf.expand_dims(slot >= 0, 1), live, tomb)
+
+    def live(self) -> tuple[Any, Any]:
+        """(ids, slots) of every live row: exported ids not changed since, and the overlay's ids with a slot."""
+        import tensorflow as tf
+
+        keys = self.keys.read_value()
+        over = tf.reshape(self.overlay.lookup(_safe(keys)), [-1])
+        base = tf.logical_and(keys > DELETED_KEY, over == -1)
+        ok, ov = self.overlay.export()
+        ok, ov = tf.reshape(ok, [-1]), tf.reshape(ov, [-1])
+        mine = tf.logical_and(ok > DELETED_KEY, ov >= 0)
+        ids = tf.concat([tf.boolean_mask(keys, base), tf.boolean_mask(ok, mine)], 0)
+        slots = tf.concat(
+            [tf.boolean_mask(tf.range(tf.size(keys, out_type=tf.int64)), base), tf.boolean_mask(ov, mine)], 0
+        )
+        return ids, slots
 
     def allocate(self, n: Any) -> tuple[Any, list[Any]]:
         """``n`` free slots (popped from the free stack first, then fresh ones, growing the slab): (slots, ops)."""
@@ -248,10 +295,32 @@ class _Table:
             )
         return [put, tf.raw_ops.AssignVariableOp(resource=self.free_count.handle, value=count + m)]
 
+    def forget(self, ids: Any, slots: Any, stamps: Any) -> list[Any]:
+        """Delete ``ids`` (their live rows in ``slots``): free the slots, hide the ids, record tombstones."""
+        import tensorflow as tf
+
+        ops = self.release(slots)
+        with tf.control_dependencies(ops):
+            ops.append(self.overlay.insert(ids, tf.fill(tf.shape(ids), tf.constant(_HIDDEN, tf.int64))))
+            ops.append(self.tombstones.insert(ids, stamps))
+            ops.append(
+                tf.raw_ops.AssignSubVariableOp(
+                    resource=self.count.handle, value=tf.size(slots, out_type=tf.int64)
+                )
+            )
+        return ops
+
     def scatter(self, var: Any, slots: Any, values: Any) -> Any:
         import tensorflow as tf
 
         return tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=slots, updates=values)
+
+
+def _safe(ids: Any) -> Any:
+    """``ids`` with the reserved sentinels replaced by 0 (a hash table refuses to look them up)."""
+    import tensorflow as tf
+
+    return tf.where(ids <= DELETED_KEY, tf.zeros_like(ids), ids)
 
 
 def _capacity(var: Any) -> Any:
@@ -297,7 +366,7 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
         )
 
     def row_count() -> dict[str, Any]:
-        return {row_count_output(t): tabs[t].index.size() for t in names}
+        return {row_count_output(t): tabs[t].count.read_value() for t in names}
 
     def stream_position() -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -339,15 +408,20 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
                 slots = tf.tensor_scatter_nd_update(slot, tf.where(fresh), got)
                 with tf.control_dependencies(ops):
                     ops.append(tab.scatter(tab.slab, slots, tf.cast(tf.gather(values, rows), tab.slab.dtype)))
-                    ops.append(tab.scatter(tab.versions, slots, stamps))
                     if tab.written is not None:
                         ops.append(tab.scatter(tab.written, slots, stamps[:, 0]))
-                    ops.append(tab.index.insert(new_ids, got))
+                    ops.append(tab.scatter(tab.versions, slots, stamps))
+                    ops.append(tab.overlay.insert(new_ids, got))
                     ops.append(tab.tombstones.remove(new_ids))
+                    ops.append(
+                        tf.raw_ops.AssignAddVariableOp(
+                            resource=tab.count.handle, value=tf.size(got, out_type=tf.int64)
+                        )
+                    )
                 previous = advance_positions(tab.position, stream_partitions, stream_offsets, stream_expected)
                 with tf.control_dependencies(ops):
                     return {
-                        "rows": tab.index.size(),
+                        "rows": tab.count.read_value(),
                         "applied": tf.size(keep, out_type=tf.int64),
                         "stream_previous": tf.identity(previous),
                     }
@@ -367,14 +441,11 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
         ) -> dict[str, Any]:
             def body() -> dict[str, Any]:
                 gone, _, stamps, slot = applicable(tab, ids, timestamps_ms, seqs)
-                ops = tab.release(tf.boolean_mask(slot, slot >= 0))
-                with tf.control_dependencies(ops):
-                    ops.append(tab.index.remove(gone))
-                    ops.append(tab.tombstones.insert(gone, stamps))
+                ops = tab.forget(gone, tf.boolean_mask(slot, slot >= 0), stamps)
                 previous = advance_positions(tab.position, stream_partitions, stream_offsets, stream_expected)
                 with tf.control_dependencies(ops):
                     return {
-                        "rows": tab.index.size(),
+                        "rows": tab.count.read_value(),
                         "applied": tf.size(gone, out_type=tf.int64),
                         "stream_previous": tf.identity(previous),
                     }
@@ -391,11 +462,9 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
                 if tab.written is None or tab.spec.ttl_s is None:
                     out[expire_count_output(t)] = tf.constant(0, tf.int64)
                     continue
-                keys, values = tab.index.export()
-                real = keys > DELETED_KEY  # the rest are empty and deleted buckets
-                ids, slots = tf.boolean_mask(keys, real), tf.boolean_mask(values, real)
+                ids, slots = tab.live()
                 cutoff = now_ms - int(tab.spec.ttl_s * 1000)
-                old = tf.gather(tab.written, slots) < cutoff
+                old = tf.reshape(tf.gather(tab.written, slots), [-1]) < cutoff
                 gone, gone_slots = tf.boolean_mask(ids, old), tf.boolean_mask(slots, old)
                 # the tombstone's version is the cutoff: a write no newer than it (which would have expired by now)
                 # cannot resurrect the row; a newer one (a trainer touching the id again) brings it back
@@ -406,10 +475,7 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
                     ],
                     1,
                 )
-                ops = tab.release(gone_slots)
-                with tf.control_dependencies(ops):
-                    ops.append(tab.index.remove(gone))
-                    ops.append(tab.tombstones.insert(gone, stamps))
+                ops = tab.forget(gone, gone_slots, stamps)
                 with tf.control_dependencies(ops):
                     out[expire_count_output(t)] = tf.size(gone, out_type=tf.int64)
             return out

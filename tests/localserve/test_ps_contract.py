@@ -19,6 +19,7 @@ from schemas.manifest import (
     LOOKUP_SIGNATURE,
     ROW_COUNT_SIGNATURE,
     STREAM_POSITION_SIGNATURE,
+    PsLayout,
     TableSpec,
     delete_signature,
     lookup_ids_input,
@@ -35,8 +36,11 @@ pytestmark = pytest.mark.integration
 SPECS = [TableSpec(name="a", dim=3, default_value=-1.0), TableSpec(name="b", dim=2)]
 
 
-@pytest.fixture(scope="module")
-def ps_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+@pytest.fixture(scope="module", params=list(PsLayout))
+def ps_server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalServer]:
+    """A PS shard of either layout: the hash layout is what artifacts exported before the slab layout hold."""
     from embedgate.export.ps import write_ps_shard
 
     base = tmp_path_factory.mktemp("ps-model") / "ps_0"
@@ -44,7 +48,7 @@ def ps_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]
         "a": (np.array([1, 2], np.int64), np.arange(6, dtype=np.float32).reshape(2, 3)),
         "b": (np.array([7], np.int64), np.array([[0.5, 0.25]], np.float32)),
     }
-    write_ps_shard(base / "1", SPECS, rows)
+    write_ps_shard(base / "1", SPECS, rows, layout=PsLayout(request.param))
     with serve_local({"m_ps_0": base}) as server:
         yield server
 
