@@ -60,7 +60,7 @@ def test_address_forms(message: str, expected: str) -> None:
     assert public_message(message, ["ps-0:8500"]) == expected
 
 
-_PATHOLOGICAL = r'''
+_PATHOLOGICAL = r"""
 import json, sys
 from typing import Any
 import grpc
@@ -124,7 +124,7 @@ with fake_backend() as fb:
             meta = tfs_pb2.GetModelMetadataRequest(model_spec=tfs_pb2.ModelSpec(name="m"), metadata_field=[evil])
             call("GetModelMetadata", meta, tfs_pb2.GetModelMetadataResponse)
 print("ok")
-'''
+"""
 
 
 def test_the_error_path_on_1_mb_pathological_strings_is_not_catastrophic() -> None:
