@@ -15,10 +15,12 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth import Authenticator, exposure_problem
 from gateway.codec.json_tensor import error_body
+from gateway.errors import clip
 from gateway.lifespan import InFlightLimiter, Runtime, lifespan
 from gateway.limits import BufferedBytes
 from gateway.logs import REQUEST_ID
@@ -33,6 +35,7 @@ from schemas.manifest import Manifest
 __all__ = ["create_app"]
 
 log = logging.getLogger("embedgate.access")
+_gw_log = logging.getLogger("embedgate.gateway")
 _QUIET = ("/healthz", "/readyz", "/metrics")
 
 
@@ -92,6 +95,10 @@ class RequestIdMiddleware:
                 await response(scope, receive, send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)
+        except (
+            ClientDisconnect
+        ):  # the client left while its answer was sent: INFO, no traceback, nothing to answer
+            _gw_log.info("client disconnected", extra={"path": clip(scope["path"])})
         finally:
             if self.access_log and scope["path"] not in _QUIET:
                 log.info(
