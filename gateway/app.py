@@ -15,11 +15,13 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.admission import Admission, ShedMiddleware
 from gateway.auth import Authenticator, exposure_problem
 from gateway.codec.json_tensor import error_body
+from gateway.errors import clip
 from gateway.lifespan import Runtime, lifespan
 from gateway.limits import BufferedBytes
 from gateway.logs import REQUEST_ID
@@ -34,6 +36,7 @@ from schemas.manifest import Manifest
 __all__ = ["create_app"]
 
 log = logging.getLogger("embedgate.access")
+_gw_log = logging.getLogger("embedgate.gateway")
 _QUIET = ("/healthz", "/readyz", "/metrics")
 
 
@@ -57,13 +60,14 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        problem = _header_problem(scope.get("headers", []), self.max_headers, self.max_header_bytes)
+        problem = _head_problem(scope, self.max_headers, self.max_header_bytes)
         if problem is not None:  # before anything looks at the headers
-            body = error_body(problem)
+            status, text = problem
+            body = error_body(text)
             await send(
                 {
                     "type": "http.response.start",
-                    "status": 431,
+                    "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
                 }
             )
@@ -92,6 +96,10 @@ class RequestIdMiddleware:
                 await response(scope, receive, send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)
+        except (
+            ClientDisconnect
+        ):  # the client left while its answer was sent: INFO, no traceback, nothing to answer
+            _gw_log.info("client disconnected", extra={"path": clip(scope["path"])})
         finally:
             if self.access_log and scope["path"] not in _QUIET:
                 log.info(
@@ -192,10 +200,22 @@ def _ops_app(runtime: Runtime, manifests: dict[str, Manifest]) -> FastAPI:
     return ops_app
 
 
-def _header_problem(headers: list[tuple[bytes, bytes]], max_count: int, max_bytes: int) -> str | None:
+def _head_problem(scope: Scope, max_count: int, max_bytes: int) -> tuple[int, str] | None:
+    """(status, message) when the request head is over the limits: 414 when the request line (method, target,
+    version) alone is over ``max_bytes``, 431 when there are too many headers or the request line and the headers
+    together are over ``max_bytes``; None when it is within them."""
+    target = len(scope.get("raw_path") or scope.get("path", "").encode()) + len(
+        scope.get("query_string", b"")
+    )
+    line = len(scope.get("method", "")) + target + 12  # "GET <target>?<query> HTTP/1.1\r\n"
+    if line > max_bytes:
+        return 414, f"Request line too long: {line} bytes, the limit is {max_bytes} (limits.max_header_bytes)"
+    headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
     if len(headers) > max_count:
-        return f"Too many request headers: {len(headers)}, the limit is {max_count} (limits.max_headers)"
-    size = sum(len(k) + len(v) + 4 for k, v in headers)
+        return 431, f"Too many request headers: {len(headers)}, the limit is {max_count} (limits.max_headers)"
+    size = line + sum(len(k) + len(v) + 4 for k, v in headers)
     if size > max_bytes:
-        return f"Request headers too large: {size} bytes, the limit is {max_bytes} (limits.max_header_bytes)"
+        return 431, (
+            f"Request line and headers too large: {size} bytes, the limit is {max_bytes} (limits.max_header_bytes)"
+        )
     return None

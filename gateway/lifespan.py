@@ -26,7 +26,7 @@ from gateway.backends.client import BackendClient, ReplicaSet
 from gateway.core import EmbeddingServable, Gateway, MetadataCache, PassthroughServable, Servable
 from gateway.core.manifests import ManifestStore, manifest_file
 from gateway.core.positions import PositionTracker
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, clip
 from gateway.limits import BufferedBytes, ParsePool
 from gateway.metrics import Metrics
 from gateway.readiness import PROBE_TIMEOUT_S, Readiness, poll_readiness
@@ -124,7 +124,8 @@ class Runtime:
         (raises when full), else the front calls ``call.admit()`` itself (REST: once the body is in).
 
         The outcome is ``OK``, the GatewayError's code name, ``INTERNAL`` for any other exception, ``CANCELLED`` when
-        the task is cancelled (every exception is re-raised). Task-safe within one event loop.
+        the task is cancelled (every exception is re-raised; a cancellation, e.g. a gRPC client that cancelled or whose
+        deadline passed, is logged at INFO without a traceback). Task-safe within one event loop.
         """
         call = Call(_limiter=self.limiter, _metrics=self.metrics)
         start = time.perf_counter()
@@ -139,8 +140,9 @@ class Runtime:
         except Exception:
             outcome = "INTERNAL"
             raise
-        except BaseException:  # the task was cancelled (client gone, shutdown)
+        except BaseException:  # the task was cancelled (client gone, shutdown): not an error, no traceback
             outcome = "CANCELLED"
+            log.info("request cancelled", extra={"api": call.api, "model": clip(call.model)})
             raise
         finally:
             if call.admitted:  # an OK answer's round trip is a sample of the adaptive limit

@@ -153,8 +153,9 @@ async def handle_v1(request: Request) -> Response:
     try:
         with rt.track(admit=False) as call:
             return await _answer(request, rt, path, call, held)
-    except _ClientLeft:  # the client left while sending its body: nobody to answer, nothing to log
+    except _ClientLeft:  # the client left while sending its body: nobody to answer; INFO, no traceback
         rt.metrics.client_disconnects.inc()
+        log.info("client disconnected", extra={"path": clip(path)})
         return Response(status_code=499)
     except GatewayError as exc:
         return _error_response(rt, exc)
