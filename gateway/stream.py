@@ -45,7 +45,7 @@ async def _rewind_new_partitions(consumer: Any, known: set[Any], started_ms: int
     assigned = set(consumer.assignment())
     new = assigned - known
     if new:
-        found = await consumer.offsets_for_times({tp: started_ms for tp in new})
+        found = await consumer.offsets_for_times(dict.fromkeys(new, started_ms))
         for tp in new:
             at = found.get(tp)
             if at is not None:
