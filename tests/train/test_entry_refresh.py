@@ -26,10 +26,10 @@ def _keras_predict(model: Any, instances: list[dict[str, Any]]) -> np.ndarray:
     import tensorflow as tf
 
     x = {
-        "item": np.asarray([i["item"] for i in instances], np.int64),
+        "item": tf.constant([i["item"] for i in instances], tf.int64),
         "cat": tf.constant([i["cat"] for i in instances]),
         "tag": tf.constant([i["tag"] for i in instances]),
-        "price": np.asarray([i["price"] for i in instances], np.float32),
+        "price": tf.constant([i["price"] for i in instances], tf.float32),
     }
     return np.asarray(model(x, training=False))
 
@@ -178,3 +178,39 @@ async def test_predicts_never_fail_across_entry_refreshes(tmp_path: Path) -> Non
     assert outcomes.get("200", 0) > 20
     assert "3" in versions
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.integration
+def test_trainer_exports_record_the_stream_cut_and_stream_rows_refreshes_the_entry(
+    kafka: Any, tmp_path: Path, unique: str
+) -> None:
+    """``export_with_cut`` flushes the publisher and records the topic's end offsets; ``StreamRows(entry_every_s=0)``
+    writes an entry version at a batch end, after the rows it trained were acknowledged."""
+    from embedgate.train import RowPublisher, StreamRows, export_with_cut
+    from tests.train.tiny import examples
+
+    model = build()
+    model.compile(optimizer="sgd", loss="binary_crossentropy")
+    first = export_model(model, DECLARATION, tmp_path, num_shards=2)
+    topic = f"{unique}.deltas"
+    with RowPublisher(first.model_dir, kafka.bootstrap, topic=topic) as pub:
+        pub.publish("item_emb", np.arange(6), np.ones((6, 4)))
+        second = export_with_cut(model, DECLARATION, tmp_path, pub, self_check=False)
+        cut = second.manifest.stream_cut
+        assert set(cut) == {f"{topic}:{p}" for p in range(4)}  # max(4 partitions, 2 shards)
+        assert sum(cut.values()) == pub.stats().messages == 2  # one message per shard, all before the cut
+        stream = StreamRows(
+            second.model_dir,
+            publisher=pub,
+            every_n_batches=1,
+            entry_every_s=0.0,
+            declaration=DECLARATION,
+            export_root=tmp_path,
+            log_every=0,
+        )
+        x, y = examples(32, seed=2)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[stream])
+    assert stream.entry_versions == [3, 4]  # one per batch end
+    m = Manifest.load(second.model_dir)
+    assert (m.version, m.ps_version) == (4, 2)
+    assert stream.rows_published > 0
