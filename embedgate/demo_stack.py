@@ -6,7 +6,12 @@ with its log under ``<workdir>/logs``:
 1. a single-node Apache Kafka broker (``embedgate.devkafka.KafkaBroker``);
 2. ``embedgate serve-local`` serving ``demo_entry``, ``demo_ps_0`` .. ``demo_ps_<n-1>`` on the backend port (8600);
 3. ``embedgate updater`` consuming the delta topic and writing to the PS shards;
-4. ``embedgate gateway`` serving TF Serving's APIs on TF Serving's ports: gRPC 8500, REST 8501.
+4. ``embedgate gateway`` serving TF Serving's APIs on TF Serving's ports: gRPC 8500, REST 8501;
+5. unless ``--no-trainer``: a small online trainer (:mod:`embedgate.train.demo`) that keeps training the demo model
+   on a synthetic click stream whose preferences drift, publishes the rows it changes with ``StreamRows`` and writes
+   a new entry version every minute, so predictions move on their own. Benchmarks and tests that need a PS only they
+   write to pass ``--no-trainer`` (``DemoStack(trainer=False)``). The trainer is optional: if it exits, its log tail
+   is printed and the rest keeps running.
 
 It waits until the gateway is ready, prints what to try, and supervises: Ctrl-C (or SIGTERM, or ``embedgate demo
 stop`` from another shell) stops every process it started, in reverse order; if one of them dies, the rest are
@@ -45,6 +50,7 @@ class _Child:
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    optional: bool = False  # its exit is reported, the rest keeps running
 
 
 @dataclass
@@ -59,6 +65,7 @@ class DemoStack:
     metrics_port: int = 9464
     children: list[_Child] = field(default_factory=list)
     broker: Any = None
+    trainer: bool = True  # start the online trainer (embedgate.train.demo)
 
     @property
     def models_dir(self) -> Path:
@@ -130,20 +137,41 @@ class DemoStack:
         )
         return models_config, gateway_yaml, updater_yaml
 
-    def spawn(self, name: str, *args: str) -> None:
+    def spawn(self, name: str, *args: str, module: str = "embedgate", optional: bool = False) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "embedgate", *args],
+                [sys.executable, "-m", module, *args],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=_repo_root(),
                 start_new_session=True,
             )
-        self.children.append(_Child(name, proc, log))
+        self.children.append(_Child(name, proc, log, optional))
         print(f"started {name} (pid {proc.pid}), log {log}", flush=True)
+
+    def start_trainer(self, bootstrap: str) -> None:
+        """The online trainer, when asked for and the demo's Keras model is there."""
+        if not self.trainer:
+            return
+        if not (self.models_dir / f"{_MODEL}.keras").is_file():
+            print(
+                f"no {self.models_dir / (_MODEL + '.keras')}: the online trainer is not started", flush=True
+            )
+            return
+        self.spawn(
+            "trainer",
+            "--models",
+            str(self.models_dir),
+            "--name",
+            _MODEL,
+            "--bootstrap",
+            bootstrap,
+            module="embedgate.train.demo",
+            optional=True,
+        )
 
     def wait_ready(self) -> None:
         url = f"http://127.0.0.1:{self.rest_port}/readyz"
@@ -160,9 +188,17 @@ class DemoStack:
         raise RuntimeError(f"the gateway was not ready within {_READY_TIMEOUT_S:.0f} s; see {self.logs}")
 
     def check_children(self) -> None:
-        for child in self.children:
+        for child in list(self.children):
             if child.proc.poll() is not None:
                 tail = child.log.read_text(errors="replace").splitlines()[-25:]
+                if child.optional:
+                    print(
+                        f"{child.name} exited with code {child.proc.returncode}; the rest keeps running. Last log "
+                        "lines:\n" + "\n".join(tail),
+                        flush=True,
+                    )
+                    self.children.remove(child)
+                    continue
                 raise RuntimeError(
                     f"{child.name} exited with code {child.proc.returncode}; last log lines:\n"
                     + "\n".join(tail)
@@ -197,8 +233,18 @@ Predict:
 Publish a changed embedding for item 3, the first example's item (then predict again):
   .venv/bin/embedgate publish --bootstrap 127.0.0.1:{self.kafka_port} --manifest {self.model_dir} \\
       --table item_emb --id 3 --fill 0.5
-Ctrl-C stops everything.
+{self._trainer_line()}Ctrl-C stops everything.
 """
+
+    def _trainer_line(self) -> str:
+        if not any(c.name == "trainer" for c in self.children):
+            return ""
+        return (
+            f"An online trainer keeps training (log {self.logs / 'trainer.log'}): it streams the rows it changes and\n"
+            "refreshes the entry every minute, so the prediction above moves on its own; watch it with\n"
+            f"  watch -n 2 curl -s http://127.0.0.1:{self.rest_port}/v1/models/{_MODEL}:predict "
+            f"-d @{self.model_dir / 'example_request.json'}\n"
+        )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -209,6 +255,7 @@ def _run(args: argparse.Namespace) -> int:
         backend_port=args.backend_port,
         kafka_port=args.kafka_port,
         metrics_port=args.metrics_port,
+        trainer=args.trainer,
     )
     pid_file = stack.workdir / "demo.pid"
     stack.workdir.mkdir(parents=True, exist_ok=True)
@@ -249,6 +296,7 @@ def _run(args: argparse.Namespace) -> int:
             str(stack.grpc_port),
         )
         stack.wait_ready()
+        stack.start_trainer(bootstrap)
         print(stack.banner(), flush=True)
         while not stopping:
             stack.check_children()
@@ -293,6 +341,12 @@ def register(subparsers: Any) -> None:
     run.add_argument("--kafka-port", type=int, default=9092)
     run.add_argument("--metrics-port", type=int, default=9464, help="updater metrics")
     run.add_argument("--rebuild", action="store_true", help="rebuild the demo model")
+    run.add_argument(
+        "--no-trainer",
+        dest="trainer",
+        action="store_false",
+        help="do not start the online trainer (a PS that only you write to: benchmarks, tests)",
+    )
     run.set_defaults(func=_run)
     stop = sub.add_parser("stop", help="stop a demo stack started by `embedgate demo run`")
     stop.add_argument("--workdir", default=default_dir)

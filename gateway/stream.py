@@ -13,6 +13,10 @@ Lag: after every fetch, when every assigned partition's position has reached its
 is assigned yet, or the broker does not answer, which stops fetches) every cache stops serving and is emptied; it
 serves again once caught up. :meth:`DeltaStream.run` never raises for Kafka errors: it logs, reports through the
 caches' ``reason`` and retries.
+
+A topic that does not exist yet (``cache.topics`` defaults to each model's ``embedgate.deltas.<model>``, created by
+the first publish or the updater) is picked up by the consumer's metadata refresh (``cache.metadata_max_age_ms``) and
+read from the first record written since the consumer started.
 """
 
 from __future__ import annotations
@@ -34,6 +38,21 @@ __all__ = ["DeltaStream"]
 
 log = logging.getLogger("embedgate.gateway.stream")
 _FETCH_MS = 100
+
+
+async def _rewind_new_partitions(consumer: Any, known: set[Any], started_ms: int) -> set[Any]:
+    """Topic discovery: a partition assigned since the last fetch (a delta topic created after the consumer started,
+    e.g. by the first publish) is read from the first record written since ``started_ms``, not from its end: the
+    rows published before it was assigned reach the cache too. Returns the partitions now known."""
+    assigned = set(consumer.assignment())
+    new = assigned - known
+    if new:
+        found = await consumer.offsets_for_times(dict.fromkeys(new, started_ms))
+        for tp in new:
+            at = found.get(tp)
+            if at is not None:
+                consumer.seek(tp, at.offset)
+    return assigned
 
 
 class DeltaStream:
@@ -102,7 +121,9 @@ class DeltaStream:
                 consumer.subscribe(pattern=f"^(?:{'|'.join(parts)})$")
             else:
                 consumer.subscribe(topics=list(self.topics))
+            started_ms, known = int(time.time() * 1000), set[Any]()
             while not self._stop.is_set():
+                known = await _rewind_new_partitions(consumer, known, started_ms)
                 batches = await consumer.getmany(timeout_ms=_FETCH_MS)
                 for records in batches.values():
                     for rec in records:

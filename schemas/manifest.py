@@ -52,10 +52,19 @@ then moved by writes; ``Manifest.stream_cut`` records that cut); the gateway rea
 ``stream_position`` (it reads replicas behind the others last).
 
 Served model names (placement, gateway defaults): ``<model>_entry`` and ``<model>_ps_<i>``.
+
+Entry and PS versions: a full export writes ``entry/<N>`` and every ``ps_<i>/<N>`` with ``version = N``. An
+entry-only export (``embedgate export --entry-only``: new dense weights, tables kept streaming) writes only
+``entry/<M>`` with ``version = M`` and ``ps_version = N``, the PS version it runs with; the gateway sends ``N`` in
+every PS lookup of a request served at entry version ``M``. :attr:`Manifest.ps_layout_key` digests what entry and PS
+must agree on (tables, dims, default rows, partitioning); the exporter refuses an entry-only export whose layout key
+differs from its PS version's, and the gateway never pairs versions whose known layout keys differ.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Final, Literal
@@ -317,8 +326,17 @@ class Manifest(_Strict):
         "TF Serving release of that version; None = not recorded (manifests written before the field existed)",
     )
 
+    ps_version: int | None = Field(
+        None,
+        gt=0,
+        description="the PS version (ps_<i>/<ps_version>) this entry version runs with; null = version (entry and "
+        "PS exported together). Set by an entry-only export",
+    )
+
     @model_validator(mode="after")
     def _check_references(self) -> Manifest:
+        if self.ps_version is not None and self.ps_version > self.version:
+            raise ValueError(f"ps_version {self.ps_version} is newer than version {self.version}")
         for key in self.stream_cut:
             topic, sep, part = key.rpartition(":")
             if not sep or not topic or not part.isdigit():
@@ -374,9 +392,28 @@ class Manifest(_Strict):
     def num_shards(self) -> int:
         return self.partition.num_shards
 
+    @property
+    def ps_version_served(self) -> int:
+        """The PS version a request at this manifest's (entry) version reads: ``ps_version``, else ``version``."""
+        return self.version if self.ps_version is None else self.ps_version
+
+    @property
+    def ps_layout_key(self) -> str:
+        """Hex SHA-256 (first 16 hex digits) of what an entry and the PS shards it reads must agree on: every table's
+        name, dim, default value and NaN policy, the partition function and the shard count (not the row counts or
+        stream cut, which streaming changes). Two manifests with one key address the same PS layout."""
+        layout = {
+            "tables": sorted([t.name, t.dim, t.default_value, t.allow_nan] for t in self.tables),
+            "partition": [self.partition.function, self.partition.num_shards],
+        }
+        text = json.dumps(layout, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
     # -- files --------------------------------------------------------------------------------------------------
     def dumps(self) -> str:
-        return self.model_dump_json(indent=2) + "\n"
+        """The ``manifest.json`` text (``ps_version`` only when set: a full export's manifest is unchanged)."""
+        exclude = {"ps_version"} if self.ps_version is None else None
+        return self.model_dump_json(indent=2, exclude=exclude) + "\n"
 
     @classmethod
     def load(cls, path: str | Path) -> Manifest:

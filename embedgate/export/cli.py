@@ -74,6 +74,19 @@ def register(subparsers: Any) -> None:
         help="unique_rows only: dtype of the rows on the wire (the entry casts them to float32 before pooling; "
         "the self-check prints the largest prediction error against the model)",
     )
+    p.add_argument(
+        "--entry-only",
+        action="store_true",
+        help="write only a new entry version with the model's dense weights, running with the current PS version "
+        "(its tables keep streaming); refused when tables, dims, partitioning or lookup vocabularies differ "
+        "(docs/export.md#entry-and-ps-versions)",
+    )
+    p.add_argument(
+        "--keep-entry-versions",
+        type=int,
+        default=3,
+        help="with --entry-only: entry versions kept on disk (older ones are removed; default 3)",
+    )
     _add_stream_cut_arguments(p)
     p.set_defaults(func=_export)
 
@@ -254,9 +267,38 @@ def _quiet_tf() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def _export_entry_only(args: argparse.Namespace) -> int:
+    from embedgate.export.entry_refresh import export_entry
+
+    if args.model is None or args.table or args.version is not None or args.stream_cut.strip() != "none":
+        return _fail(
+            ValueError(
+                "--entry-only takes --model, --declaration and --out (no --dense-model, --table, --version "
+                "or --stream-cut: the PS version and its cut stay as they are)"
+            )
+        )
+    try:
+        r = export_entry(
+            args.model,
+            args.declaration,
+            args.out,
+            self_check=args.self_check,
+            keep_entry_versions=args.keep_entry_versions,
+        )
+    except ValueError as exc:
+        return _fail(exc)
+    print(
+        f"exported {r.model_dir} entry version {r.version}, running with PS version {r.manifest.ps_version}"
+    )
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     _quiet_tf()
     from embedgate.export.exporter import export_model
+
+    if args.entry_only:
+        return _export_entry_only(args)
 
     try:
         cut = _stream_cut(args)  # first: a bad flag or an unreachable Kafka fails before the slow export

@@ -5,6 +5,10 @@
 and the model's tables hold them), reads the end offsets of the delta topic (the stream cut,
 :mod:`embedgate.export.streamcut`) and exports with it, so a replica that loads the new version resumes from the cut
 instead of replaying the partition. Call it between training steps (the tables must not change while it runs).
+
+:func:`refresh_entry` is :func:`embedgate.export.entry_refresh.export_entry`: a new entry version with the current
+dense weights, running with the current PS version (``embedgate export --entry-only``); ``StreamRows(...,
+entry_every_s=...)`` calls it right after a row publish was acknowledged.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 from embedgate.train.publisher import RowPublisher
 
-__all__ = ["export_with_cut"]
+__all__ = ["export_with_cut", "refresh_entry"]
 
 
 def export_with_cut(
@@ -43,3 +47,21 @@ def export_with_cut(
         timeout_s=kafka_timeout_s,
     )
     return export_model(model, declaration, out_dir, stream_cut=cut, **export_kwargs)
+
+
+def refresh_entry(
+    model: Any,
+    declaration: Any,
+    out_dir: str | Path,
+    *,
+    self_check: bool = True,
+    keep_entry_versions: int = 3,
+) -> Any:
+    """Write a new entry version of the model exported under ``out_dir`` with ``model``'s dense weights; returns the
+    ``ExportResult`` (``manifest.ps_version``: the PS version it runs with). ``ExportError`` when the tables, dims,
+    partitioning or lookup vocabularies differ from the PS version's."""
+    from embedgate.export.entry_refresh import export_entry
+
+    return export_entry(
+        model, declaration, out_dir, self_check=self_check, keep_entry_versions=keep_entry_versions
+    )

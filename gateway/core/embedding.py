@@ -99,6 +99,7 @@ class EmbeddingServable(Servable):
             self.served,
             [(config.served_ps_name(i), rs.clients) for i, rs in enumerate(shards)],
             on_served=manifests.retain,
+            ps_of=manifests.ps_version_of,
         )
         # Where PS rows come from. Default: the ``lookup`` signature of every shard with ids, at once. The lifespan
         # may wrap it (gateway.cache.CachedRowSource); anything implementing gateway.cache.RowSource fits.
@@ -166,7 +167,7 @@ class EmbeddingServable(Servable):
         if manifest is None:
             manifest = self.manifests.for_version(spec.version)
         plan = await offload(plan_lookups, batch, manifest)
-        shard_values = (await self.rows.lookup(plan.shard_ids, spec, deadline)).values
+        shard_values = (await self.rows.lookup(plan.shard_ids, _ps_spec(spec, manifest), deadline)).values
         spec_msg = model_spec(self.served, spec, manifest.entry.signature_name)
         # framed around the arrays' bytes (one copy, off the event loop for a large request): schemas/wire.py
         req = await offload(_entry_request_for, spec_msg, plan, shard_values, batch, manifest)
@@ -314,6 +315,14 @@ def _entry_request_for(
 def _ndarray(t: tfs_pb2.TensorProto) -> np.ndarray:
     fast = numeric_ndarray(t)
     return fast if fast is not None else to_ndarray(t)
+
+
+def _ps_spec(spec: VersionSpec, manifest: Manifest) -> VersionSpec:
+    """The PS lookups' spec of a request at entry ``spec``: the PS version ``manifest`` (that entry version's) reads
+    after an entry-only export, else ``spec`` itself."""
+    if manifest.ps_version is not None and spec.version == manifest.version:
+        return VersionSpec(version=manifest.ps_version)
+    return spec
 
 
 def _version_text(version: int | None) -> str:

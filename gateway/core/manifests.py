@@ -10,6 +10,12 @@ PS key mapping, :mod:`gateway.lookup_mapping`). Like ``manifest.json`` it descri
 exporter replaces it just before the manifest. The store reads it right after each manifest it reads and pairs the two
 (:func:`gateway.lookup_mapping.attach_lookups`), so each version keeps the vocabulary read with its manifest. A read
 during which ``manifest.json`` changed is discarded and retried on the next poll.
+
+Entry and PS versions (docs/export.md "Entry and PS versions"): the manifest of an entry-only export (version ``M``,
+``ps_version`` ``P``) says that requests served at entry ``M`` read PS version ``P``. :meth:`ManifestStore.
+ps_version_of` answers that pairing; a manifest whose ``ps_layout_key`` differs from the known manifest of its PS
+version is refused like an invalid one (logged, ``embedgate_manifest_reloads_total{outcome="error"}``), so the gateway
+never pairs an entry with PS shards that disagree on tables, dims or partitioning.
 """
 
 from __future__ import annotations
@@ -150,12 +156,32 @@ class ManifestStore:
         hit = self._by_version.get(version)
         if hit is not None:
             return hit
+        for m in self._by_version.values():
+            if m.ps_version == version:
+                return m  # a PS version read by a known entry version: same layout (checked when it was read)
         self.poll()
         hit = self._by_version.get(version)
         if hit is not None:
             return hit
         older = [v for v in self._by_version if v < version]
         return self._by_version[max(older) if older else min(self._by_version)]
+
+    def ps_version_of(self, entry_version: int) -> int | None:
+        """The PS version requests at ``entry_version`` read: its manifest's ``ps_version`` (or the version itself
+        after a full export); an unknown version (re-read first) pairs with itself, as before entry-only exports
+        existed. None when its manifest's PS layout differs from the known manifest of that PS version: not
+        servable."""
+        m = self._by_version.get(entry_version)
+        if m is None:
+            self.poll()
+            m = self._by_version.get(entry_version)
+        if m is None:
+            return entry_version
+        ps = m.ps_version_served
+        base = self._by_version.get(ps)
+        if base is not None and base.ps_layout_key != m.ps_layout_key:
+            return None
+        return ps
 
     def poll(self) -> bool:
         """Re-read the file if it changed since the last read; True when a new or changed manifest was added."""
@@ -202,10 +228,18 @@ class ManifestStore:
                 f"{self.path}: {manifest.num_shards} shards, the config lists {self.num_shards} "
                 "(changing the shard count needs a config change and a restart)"
             )
+        base = self._by_version.get(manifest.ps_version_served)
+        if base is not None and base.ps_layout_key != manifest.ps_layout_key:
+            raise ManifestError(
+                f"{self.path}: version {manifest.version} reads PS version {manifest.ps_version_served}, whose tables, "
+                "dims or partitioning differ (ps_layout_key "
+                f"{manifest.ps_layout_key} != {base.ps_layout_key}); not served"
+            )
 
     def retain(self, served: Collection[int]) -> None:
         """Forget manifests of versions no longer served (``served``: versions some backend still serves); the
         latest known manifest is always kept."""
         keep = set(served) | {max(self._by_version)}
+        keep |= {self._by_version[v].ps_version_served for v in keep if v in self._by_version}
         for v in [v for v in self._by_version if v not in keep]:
             detach_lookups(self._by_version.pop(v))

@@ -14,6 +14,10 @@ of the entry call:
   again when it is served everywhere by now, else an older one marked ``degraded=DEGRADED_VERSION_FALLBACK``;
   with no version served everywhere it raises :class:`~gateway.errors.Unavailable` (retriable) naming the versions
   each backend serves.
+
+After an entry-only export the entry's version ``M`` reads PS version ``P`` (``ps_of(M)``, from the manifests): "served
+everywhere" then means the entry serves ``M`` and every shard serves ``P``. An entry version that ``ps_of`` marks
+unservable (None: its PS layout disagrees) is never pinned.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class Pin:
 
     @property
     def spec(self) -> VersionSpec:
+        """The entry's version; the PS version follows from its manifest (``Manifest.ps_version_served``)."""
         return VersionSpec(version=self.version)
 
 
@@ -62,6 +67,10 @@ async def _available_versions(client: StatusClient, served: str, deadline: float
 
 def _no_served_observer(versions: frozenset[int]) -> None:
     return None
+
+
+def _same_version(version: int) -> int | None:
+    return version
 
 
 class VersionPinner:
@@ -81,8 +90,10 @@ class VersionPinner:
         *,
         ttl_s: float = PIN_TTL_S,
         on_served: Callable[[frozenset[int]], None] = _no_served_observer,
+        ps_of: Callable[[int], int | None] = _same_version,
     ) -> None:
         self.model = model
+        self._ps_of = ps_of
         self._entry = entry
         self._entry_name = entry_name
         self._shards = [(name, list(replicas)) for name, replicas in shards]
@@ -124,9 +135,13 @@ class VersionPinner:
                 return self._set(await self._consistent(deadline))
             entry = await _available_versions(self._entry, self._entry_name, deadline)
             self._on_served(entry)
-            if not entry:
-                raise Unavailable(f"model {self.model}: the entry has no AVAILABLE version")
-            return self._set(Pin(max(entry)))
+            servable = [v for v in entry if self._ps_of(v) is not None]
+            if not servable:
+                raise Unavailable(
+                    f"model {self.model}: the entry has no AVAILABLE version that can be served"
+                )
+            best = max(servable)
+            return self._set(Pin(best, None if best == max(entry) else DEGRADED_VERSION_FALLBACK))
 
     async def after_not_found(self, failed: Pin, deadline: float) -> Pin:
         """A backend answered NOT_FOUND for ``failed``'s version: the highest version every backend serves now."""
@@ -141,9 +156,11 @@ class VersionPinner:
         shard_tasks = [self._shard_versions(name, replicas, deadline) for name, replicas in self._shards]
         entry, *shards = await asyncio.gather(entry_task, *shard_tasks)
         self._on_served(entry)
-        common = set(entry)
-        for versions in shards:
-            common &= versions
+        common = set()
+        for v in entry:
+            ps = self._ps_of(v)
+            if ps is not None and all(ps in versions for versions in shards):
+                common.add(v)
         if entry and max(entry) in common:
             return Pin(max(entry))
         if common:
