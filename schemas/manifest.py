@@ -97,10 +97,10 @@ __all__ = [
     "delete_signature",
     "entry_index_input",
     "entry_model_name",
-    "expire_count_output",
     "entry_rows_input",
     "entry_splits_input",
     "entry_weights_input",
+    "expire_count_output",
     "lookup_ids_input",
     "lookup_values_output",
     "ps_dir_name",
@@ -219,6 +219,8 @@ class PsLayout(StrEnum):
 
 
 RowDtype = Literal["float32", "float16", "bfloat16"]
+
+
 class EntryInputMode(StrEnum):
     POOLED = "pooled"  # one pooled float32 [B, dim] per sparse feature; the gateway pools
     UNIQUE_ROWS = "unique_rows"  # unique rows per table + int32 indices; the entry gathers and pools

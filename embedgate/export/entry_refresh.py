@@ -185,7 +185,9 @@ def _check_entry(stage: Path, manifest: Manifest, plan: Any) -> None:
             )
 
 
-def _entry_feeds(manifest: Manifest, rng: np.random.Generator, batch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def _entry_feeds(
+    manifest: Manifest, rng: np.random.Generator, batch: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Random pooled rows per sparse feature (what the Keras entry takes) and the staged signature's sparse feeds
     that must pool to them: the pooled rows themselves, or for ``unique_rows`` each feature's rows in its table's
     rows tensor (in the wire dtype, the pooled rows rounded the same way) with one id per example, weight 1."""
@@ -194,7 +196,8 @@ def _entry_feeds(manifest: Manifest, rng: np.random.Generator, batch: int) -> tu
     dims = {t.name: t.dim for t in manifest.tables}
     if manifest.entry.input_mode is not EntryInputMode.UNIQUE_ROWS:
         pooled = {
-            f.name: rng.normal(0, 0.5, (batch, dims[f.table])).astype(np.float32) for f in manifest.sparse_features
+            f.name: rng.normal(0, 0.5, (batch, dims[f.table])).astype(np.float32)
+            for f in manifest.sparse_features
         }
         return pooled, {k: tf.constant(v) for k, v in pooled.items()}
     wire = {

@@ -31,7 +31,6 @@ from schemas.manifest import (
     LOOKUP_SIGNATURE,
     Combiner,
     EntryInputMode,
-    EntryRowDtype,
     FeatureKind,
     Manifest,
     lookup_ids_input,

@@ -344,7 +344,11 @@ class _Servicer:
 
 def _authorization(context: grpc.aio.ServicerContext) -> list[str]:
     """Every ``authorization`` metadata value, in order (several are refused by :meth:`Auth.check`)."""
-    return [v if isinstance(v, str) else "" for k, v in context.invocation_metadata() or () if k == "authorization"]
+    return [
+        v if isinstance(v, str) else ""
+        for k, v in context.invocation_metadata() or ()
+        if k == "authorization"
+    ]
 
 
 def _raw_handler(fn: Any) -> grpc.RpcMethodHandler:

@@ -15,6 +15,7 @@ port.
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 from fastapi import APIRouter, Request, Response
 
@@ -36,7 +37,7 @@ async def healthz() -> Response:
     return Response(b'{"status": "ok"}', media_type="application/json")
 
 
-def _scope(rt: Runtime, request: Request) -> frozenset[str] | bool | None:
+def _scope(rt: Runtime, request: Request) -> frozenset[str] | Literal[False] | None:
     """Whose details the caller may see on the public port: every model (None), these models, or none (False)."""
     if rt.auth is None:
         return _ALL
@@ -46,7 +47,7 @@ def _scope(rt: Runtime, request: Request) -> frozenset[str] | bool | None:
         return False
 
 
-def _ready(rt: Runtime, scope: frozenset[str] | bool | None) -> Response:
+def _ready(rt: Runtime, scope: frozenset[str] | Literal[False] | None) -> Response:
     """The readiness document from the poller's last result; ``scope`` as :func:`_scope` (ops port: None)."""
     state = rt.readiness
     if rt.gateway is None or state.polls == 0:
