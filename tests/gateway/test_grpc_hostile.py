@@ -483,3 +483,26 @@ async def test_large_message_is_checked_off_the_event_loop(
         (tmp_path / "go").touch()
         reply = await asyncio.wait_for(task, _WAIT_S)
     assert len(tfs_pb2.RegressionResponse.FromString(reply).result.regressions) == 20_000
+
+
+# ---- gRPC's own compression ---------------------------------------------------------------------------------------
+
+
+def test_grpc_compressed_bomb_is_refused_by_size(gw: Gw) -> None:
+    """A message gzip-compressed by the gRPC client (``grpc-encoding: gzip``) that inflates past max_body_bytes:
+    gRPC inflates messages itself (in its C core, off the event loop) and refuses it by size; a small compressed
+    message is answered."""
+    pad = 4 * _MAX_BODY
+    bomb = _predict("half", x=_tensor([1], float_val=[1.0])) + b"\xfa\x3e" + _varint(pad) + b"\0" * pad
+    metadata = (("authorization", f"Bearer {_TOKEN}"),)
+    fn = gw.channel.unary_unary(_PREDICT)
+    with pytest.raises(grpc.RpcError) as exc:
+        fn(bomb, timeout=_WAIT_S, metadata=metadata, compression=grpc.Compression.Gzip)
+    assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc.value.details()
+    reply = fn(
+        _predict("half", x=_tensor([1], float_val=[1.0])),
+        timeout=_WAIT_S,
+        metadata=metadata,
+        compression=grpc.Compression.Gzip,
+    )
+    assert tfs_pb2.PredictResponse.FromString(reply).outputs
