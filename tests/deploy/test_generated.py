@@ -219,6 +219,7 @@ def test_two_models_in_one_compose_project(
     odd = _served_by_config((out / "config" / "ps-odd.config").read_text())
     assert [n for n, _ in odd] == ["demo_ps_1", "twotower_ps_1"]
     services = yaml.safe_load((out / "compose.yaml").read_text())["services"]
+    assert "kafka" not in services["gateway"]["depends_on"]  # no cache: the gateway does not read Kafka
     assert _health_names(services["serving-ps-even"]) == ["demo_ps_0", "twotower_ps_0", "twotower_ps_2"]
     assert services["updater"]["deploy"]["replicas"] == 2
 
@@ -233,6 +234,12 @@ def test_a_second_run_writes_the_same_bytes(tmp_path: Path, twotower_artifacts: 
     assert len(first) == (8 if target == "compose" else 2)
     _deploy(target, out, [twotower_artifacts.model_dir], filters, "--cache-max-bytes", "1000000")
     assert _tree(out) == first
+    if target == "compose":  # the hot-row cache reads the deployment's Kafka
+        gateway = load_settings(out / "config" / "gateway.yaml")
+        assert gateway.cache.max_bytes == 1000000 and gateway.cache.bootstrap_servers == "kafka:9092"
+        services = yaml.safe_load(first["compose.yaml"])["services"]
+        assert services["gateway"]["depends_on"]["kafka"] == {"condition": "service_healthy"}
+        assert run([tool("deploycheck"), "compose", out / "compose.yaml"]).returncode == 0
 
 
 def test_a_rerun_removes_the_files_of_hosts_that_are_gone(tmp_path: Path, demo_artifacts: Any) -> None:
