@@ -224,6 +224,36 @@ def test_two_models_in_one_compose_project(
     assert services["updater"]["deploy"]["replicas"] == 2
 
 
+def test_two_models_get_a_helm_values_file_each(
+    tmp_path: Path, demo_artifacts: Any, twotower_artifacts: Any
+) -> None:
+    out = tmp_path / "out"
+    _deploy("helm", out, [demo_artifacts.model_dir, twotower_artifacts.model_dir], ["ps=ps_{i}; True"])
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".embedgate-deploy",
+        "demo.values.yaml",
+        "twotower.values.yaml",
+    ]
+    for name, shards in (("demo", 2), ("twotower", 3)):
+        proc = run(
+            [
+                tool("helm"),
+                "template",
+                name,
+                ROOT / "deploy" / "helm" / "embedgate",
+                "-f",
+                out / f"{name}.values.yaml",
+            ]
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert run([tool("deploycheck"), "k8s"], stdin=proc.stdout).returncode == 0
+        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        tfs = by_kind(docs, "ConfigMap")[f"{name}-embedgate-tfserving"]["data"]
+        assert [n for n, _ in _served_by_config(tfs["ps-ps.config"])] == [
+            ps_model_name(name, i) for i in range(shards)
+        ]
+
+
 @pytest.mark.parametrize("target", ["compose", "helm"])
 def test_a_second_run_writes_the_same_bytes(tmp_path: Path, twotower_artifacts: Any, target: str) -> None:
     out = tmp_path / "out"
