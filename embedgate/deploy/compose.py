@@ -221,6 +221,8 @@ def _project(
         "networks": ["backend", "frontend"],
         "healthcheck": _python_check(f"http://127.0.0.1:{_REST}/readyz", "5s", 30, "5s"),
     }
+    if opts.cache_max_bytes:  # the hot-row cache follows the delta stream from the start
+        gateway["depends_on"] = {"kafka": {"condition": "service_healthy"}, **serving}
     if opts.tokens_file is not None:
         gateway["secrets"] = [_TOKENS_SECRET]
     services["gateway"] = gateway

@@ -219,8 +219,39 @@ def test_two_models_in_one_compose_project(
     odd = _served_by_config((out / "config" / "ps-odd.config").read_text())
     assert [n for n, _ in odd] == ["demo_ps_1", "twotower_ps_1"]
     services = yaml.safe_load((out / "compose.yaml").read_text())["services"]
+    assert "kafka" not in services["gateway"]["depends_on"]  # no cache: the gateway does not read Kafka
     assert _health_names(services["serving-ps-even"]) == ["demo_ps_0", "twotower_ps_0", "twotower_ps_2"]
     assert services["updater"]["deploy"]["replicas"] == 2
+
+
+def test_two_models_get_a_helm_values_file_each(
+    tmp_path: Path, demo_artifacts: Any, twotower_artifacts: Any
+) -> None:
+    out = tmp_path / "out"
+    _deploy("helm", out, [demo_artifacts.model_dir, twotower_artifacts.model_dir], ["ps=ps_{i}; True"])
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".embedgate-deploy",
+        "demo.values.yaml",
+        "twotower.values.yaml",
+    ]
+    for name, shards in (("demo", 2), ("twotower", 3)):
+        proc = run(
+            [
+                tool("helm"),
+                "template",
+                name,
+                ROOT / "deploy" / "helm" / "embedgate",
+                "-f",
+                out / f"{name}.values.yaml",
+            ]
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert run([tool("deploycheck"), "k8s"], stdin=proc.stdout).returncode == 0
+        docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        tfs = by_kind(docs, "ConfigMap")[f"{name}-embedgate-tfserving"]["data"]
+        assert [n for n, _ in _served_by_config(tfs["ps-ps.config"])] == [
+            ps_model_name(name, i) for i in range(shards)
+        ]
 
 
 @pytest.mark.parametrize("target", ["compose", "helm"])
@@ -233,6 +264,12 @@ def test_a_second_run_writes_the_same_bytes(tmp_path: Path, twotower_artifacts: 
     assert len(first) == (8 if target == "compose" else 2)
     _deploy(target, out, [twotower_artifacts.model_dir], filters, "--cache-max-bytes", "1000000")
     assert _tree(out) == first
+    if target == "compose":  # the hot-row cache reads the deployment's Kafka
+        gateway = load_settings(out / "config" / "gateway.yaml")
+        assert gateway.cache.max_bytes == 1000000 and gateway.cache.bootstrap_servers == "kafka:9092"
+        services = yaml.safe_load(first["compose.yaml"])["services"]
+        assert services["gateway"]["depends_on"]["kafka"] == {"condition": "service_healthy"}
+        assert run([tool("deploycheck"), "compose", out / "compose.yaml"]).returncode == 0
 
 
 def test_a_rerun_removes_the_files_of_hosts_that_are_gone(tmp_path: Path, demo_artifacts: Any) -> None:
