@@ -10,7 +10,8 @@ Per table ``t`` (checkpoint names in brackets; all core TF, restored by the TF1 
   binary search (``searchsorted``): 8 bytes per exported row, no hash table;
 * ``overlay/<t>``: ``DenseHashTable`` int64 id -> int64 slot for what changed since the export: the slot of an id
   written later, or -2 for a deleted exported id (open addressing, 16 bytes per bucket; only changed ids pay). Ids
-  -2**63 and -2**63 + 1 are its sentinels: they look up to the default row and writes of them are ignored;
+  2**63 - 1 and 2**63 - 2 are its sentinels: they look up to the default row and writes of them are ignored (the
+  largest int64, not the smallest: -2**63 is the OOV key of lookup-layer tables, gateway.lookup_mapping.OOV_KEY);
 * ``row_versions/<t>``: int64 ``[capacity, 2]``, parallel to the slab: the version (timestamp ms, seq) of each slot's
   row; exported rows have (-1, -1);
 * ``tombstones/<t>``: ``DenseHashTable`` int64 id -> int64[2], the version of each deleted id (only deleted ids pay),
@@ -55,8 +56,8 @@ __all__ = ["MIN_GROWTH", "read_slab_rows", "write_slab_shard"]
 
 Rows = tuple[Any, Any]
 MIN_GROWTH = 1024  # fewest slots a growing slab adds
-EMPTY_KEY = int(np.iinfo(np.int64).min)  # the index's sentinels: these two ids never get a row
-DELETED_KEY = EMPTY_KEY + 1
+EMPTY_KEY = int(np.iinfo(np.int64).max)  # the index's sentinels: these two ids never get a row
+DELETED_KEY = EMPTY_KEY - 1
 _LOCK_NAME = "embedgate_ps_lock"
 _MAX_SEQ = int(np.iinfo(np.int64).max)
 _FLOAT16_MAX = 65504.0
@@ -97,7 +98,7 @@ def write_slab_shard(
         ids, values = rows.get(t, (np.zeros(0, np.int64), np.zeros((0, spec.dim), np.float32)))
         ids = np.asarray(ids, np.int64)
         n = len(ids)
-        if n and int(np.min(ids)) <= DELETED_KEY:
+        if n and int(np.max(ids)) >= DELETED_KEY:
             raise ValueError(
                 f"table {t!r}: ids {EMPTY_KEY} and {DELETED_KEY} are reserved by the slab layout"
             )
@@ -168,9 +169,9 @@ def read_slab_rows(reader: Any, spec: TableSpec, where: str) -> Rows:
     keys = reader.get_tensor(f"keys/{t}/.ATTRIBUTES/VARIABLE_VALUE").astype(np.int64)
     ov_k = reader.get_tensor(f"overlay/{t}/.ATTRIBUTES/table-keys").astype(np.int64).reshape(-1)
     ov_v = reader.get_tensor(f"overlay/{t}/.ATTRIBUTES/table-values").astype(np.int64).reshape(-1)
-    real = ov_k > DELETED_KEY  # the rest are the DenseHashTable's empty and deleted buckets
+    real = ov_k < DELETED_KEY  # the rest are the DenseHashTable's empty and deleted buckets
     ov_k, ov_v = ov_k[real], ov_v[real]
-    base = (keys > DELETED_KEY) & ~np.isin(keys, ov_k)
+    base = (keys < DELETED_KEY) & ~np.isin(keys, ov_k)
     ids = np.concatenate([keys[base], ov_k[ov_v >= 0]])
     slots = np.concatenate([np.flatnonzero(base), ov_v[ov_v >= 0]])
     return ids, np.asarray(slab[slots], dtype=np.float32)
@@ -202,7 +203,7 @@ class _Table:
         hit = tf.equal(tf.gather(keys, tf.minimum(pos, last)), safe)
         base = tf.where(hit, pos, tf.constant(-1, tf.int64))
         slot = tf.where(over >= 0, over, tf.where(over == _HIDDEN, tf.constant(-1, tf.int64), base))
-        return tf.where(ids <= DELETED_KEY, tf.constant(-1, tf.int64), slot)
+        return tf.where(ids >= DELETED_KEY, tf.constant(-1, tf.int64), slot)
 
     def gather(self, ids: Any) -> Any:
         """float32 [n, dim]: the rows of ``ids``, the default row for an unknown id."""
@@ -228,10 +229,10 @@ class _Table:
 
         keys = self.keys.read_value()
         over = tf.reshape(self.overlay.lookup(_safe(keys)), [-1])
-        base = tf.logical_and(keys > DELETED_KEY, over == -1)
+        base = tf.logical_and(keys < DELETED_KEY, over == -1)
         ok, ov = self.overlay.export()
         ok, ov = tf.reshape(ok, [-1]), tf.reshape(ov, [-1])
-        mine = tf.logical_and(ok > DELETED_KEY, ov >= 0)
+        mine = tf.logical_and(ok < DELETED_KEY, ov >= 0)
         ids = tf.concat([tf.boolean_mask(keys, base), tf.boolean_mask(ok, mine)], 0)
         slots = tf.concat(
             [tf.boolean_mask(tf.range(tf.size(keys, out_type=tf.int64)), base), tf.boolean_mask(ov, mine)], 0
@@ -320,7 +321,7 @@ def _safe(ids: Any) -> Any:
     """``ids`` with the reserved sentinels replaced by 0 (a hash table refuses to look them up)."""
     import tensorflow as tf
 
-    return tf.where(ids <= DELETED_KEY, tf.zeros_like(ids), ids)
+    return tf.where(ids >= DELETED_KEY, tf.zeros_like(ids), ids)
 
 
 def _capacity(var: Any) -> Any:
@@ -381,7 +382,7 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
         uniq, win = winners(ids, timestamps, seqs)
         ts, seq = tf.gather(timestamps, win), tf.gather(seqs, win)
         slot, stored = tab.stored(uniq)
-        newer = tf.logical_and(newer_versions(stored, ts, seq), uniq > DELETED_KEY)  # reserved ids: ignored
+        newer = tf.logical_and(newer_versions(stored, ts, seq), uniq < DELETED_KEY)  # reserved ids: ignored
         stamps = tf.stack([tf.boolean_mask(ts, newer), tf.boolean_mask(seq, newer)], axis=1)
         return (
             tf.boolean_mask(uniq, newer),

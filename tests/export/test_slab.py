@@ -142,6 +142,28 @@ def test_reserved_ids_look_up_to_the_default_row_and_are_never_written(tmp_path:
         write_ps_shard(tmp_path / "2", [spec], {"t": (np.array([EMPTY_KEY], np.int64), _rows([0]))})
 
 
+def test_the_oov_key_of_lookup_tables_is_an_ordinary_id(tmp_path: Path) -> None:
+    """-2**63 is the OOV row of every StringLookup / IntegerLookup table (gateway.lookup_mapping.OOV_KEY): it is
+    exported, looked up, rewritten and deleted like any other id."""
+    from gateway.lookup_mapping import OOV_KEY
+
+    spec = TableSpec(name="t", dim=DIM, default_value=3.0)
+    exported = np.array([OOV_KEY, 0, 7], np.int64)
+    write_ps_shard(tmp_path / "1", [spec], {"t": (exported, _rows([1, 0, 7]))})
+    m = Tf1Model(tmp_path / "1")
+    try:
+        np.testing.assert_array_equal(_lookup(m, [OOV_KEY, 7]), _rows([1, 7]))
+        assert (
+            int(m.run("upsert_t", _w([OOV_KEY], 5, values=np.full((1, DIM), 2.0, np.float32)))["applied"])
+            == 1
+        )
+        np.testing.assert_array_equal(_lookup(m, [OOV_KEY]), [[2.0] * DIM])
+        assert int(m.run("delete_t", _w([OOV_KEY], 9))["applied"]) == 1
+        np.testing.assert_array_equal(_lookup(m, [OOV_KEY, 0]), [[3.0] * DIM, _rows([0])[0]])
+    finally:
+        m.close()
+
+
 @pytest.mark.parametrize(("dtype", "tolerance"), [("float16", 2.0**-11), ("bfloat16", 2.0**-8)])
 def test_reduced_precision_rows_answer_float32(tmp_path: Path, dtype: str, tolerance: float) -> None:
     spec = TableSpec(name="t", dim=DIM, row_dtype=dtype)  # type: ignore[arg-type]
