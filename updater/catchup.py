@@ -6,8 +6,9 @@ partition with its own group-less consumer from the lowest position of the repli
 live loop's next offset when the catch-up started: the live loop writes everything after it to every replica),
 and writes the replica's rows, coalesced per table, to that replica only, each write recording how far it got.
 Every other replica keeps receiving live writes meanwhile; rows are versioned, so the replayed and live writes may
-interleave in any order. A replica that falls back again during the catch-up restarts it; a down replica is
-retried with the usual backoff. Finally every table's position is set to ``end`` (a write without rows) and the
+interleave in any order. A replica that falls back again during the catch-up (it restarted once more, losing the
+live writes it had received meanwhile) restarts it, up to where the live loop is by then; a down replica is retried
+with the usual backoff. Finally every table's position is set to ``end`` (a write without rows) and the
 replica is handed back to the live bookkeeping.
 """
 
@@ -57,9 +58,14 @@ async def catch_up(
     consumer_factory: Callable[[], AIOKafkaConsumer],
     retry: RetrySettings,
     stop: asyncio.Event,
+    live_end: Callable[[], int] | None = None,
 ) -> None:
     """Bring ``replica`` up to ``end`` on ``tp`` (see the module doc); ``hint`` = the position it reported when it
-    was found behind. Returns when done, or when ``stop`` is set (then the replica stays marked for a later try)."""
+    was found behind. Returns when done, or when ``stop`` is set (then the replica stays marked for a later try).
+
+    ``live_end()`` is where the live loop has read ``tp`` up to now. A replica that falls back again during the
+    catch-up (it restarted once more) lost the live writes it received meanwhile, which are beyond ``end``: the
+    catch-up starts again up to ``live_end()`` (the live loop's rows from there on reach it as before)."""
     key = stream_partition_key(tp.topic, tp.partition)
     tables = [t.name for t in manifest.tables]
     for attempt in range(_MAX_RESTARTS):
@@ -70,8 +76,15 @@ async def catch_up(
                 replica, tp, key, end, hint, manifest, writer, decode, consumer_factory, retry, stop
             )
         except _FellBack as exc:
+            if live_end is not None:
+                end = max(end, live_end())
             log.warning(
-                "catch-up of %s on %s: %s; starting again (attempt %d)", _name(replica), key, exc, attempt + 2
+                "catch-up of %s on %s: %s; starting again up to offset %d (attempt %d)",
+                _name(replica),
+                key,
+                exc,
+                end,
+                attempt + 2,
             )
             hint = -1
             continue
@@ -221,9 +234,18 @@ class CatchUpTasks:
         self._metrics = metrics
         self._tasks: dict[tuple[Replica, str], asyncio.Task[None]] = {}
 
-    def start(self, book: PositionBook, replica: Replica, key: str, had: int, end: int) -> None:
+    def start(
+        self,
+        book: PositionBook,
+        replica: Replica,
+        key: str,
+        had: int,
+        end: int,
+        live_end: Callable[[], int] | None = None,
+    ) -> None:
         """``replica`` reported position ``had`` on partition ``key``, below what it had acknowledged (it restarted
-        or loaded another version): replay it alone up to ``end`` (where the live loop is now), unless running."""
+        or loaded another version): replay it alone up to ``end`` (where the live loop is now; ``live_end()`` says
+        where it is later, see :func:`catch_up`), unless running."""
         if (replica, key) in self._tasks:
             return
         topic, _, part = key.rpartition(":")
@@ -248,6 +270,7 @@ class CatchUpTasks:
                 consumer_factory=self._consumer_factory,
                 retry=self._retry,
                 stop=self._stop,
+                live_end=live_end,
             ),
             name=f"catch-up {replica} {key}",
         )

@@ -33,6 +33,7 @@ rebalance callbacks run in the same loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -80,7 +81,15 @@ class Writer(Protocol):
 class CatchUps(Protocol):
     """What the loop uses of :class:`updater.catchup.CatchUpTasks`."""
 
-    def start(self, book: PositionBook, replica: Replica, key: str, had: int, end: int) -> None: ...
+    def start(
+        self,
+        book: PositionBook,
+        replica: Replica,
+        key: str,
+        had: int,
+        end: int,
+        live_end: Callable[[], int] | None = None,
+    ) -> None: ...
 
     def cancel(self) -> None: ...
 
@@ -323,9 +332,14 @@ class ConsumerLoop:
     def _start_catch_up(self, replica: Replica, key: str, had: int) -> None:
         topic, _, part = key.rpartition(":")
         tp = TopicPartition(topic, int(part))
+        self._catch_ups.start(
+            self._book, replica, key, had, self._live_end(tp), functools.partial(self._live_end, tp)
+        )
+
+    def _live_end(self, tp: TopicPartition) -> int:
+        """The offset the live loop has read ``tp`` up to: every row written to a replica so far is below it."""
         fetched = self._ledger.fetched_offset(tp)
-        end = fetched if fetched is not None else self._ledger.committed_offset(tp) or 0
-        self._catch_ups.start(self._book, replica, key, had, end)
+        return fetched if fetched is not None else self._ledger.committed_offset(tp) or 0
 
     async def _check_replicas(self) -> None:
         """Every ``_REPLICA_CHECK_S``: ask each replica written so far for its ``stream_position``; one below what it

@@ -2,7 +2,8 @@
 never another exception and never ``decoder_error`` (a crash the decoder did not name). A corpus of hostile messages
 with the reason each must get, then hypothesis over mutated binary/JSON/HPS messages and generated hostile JSON.
 
-``EMBEDGATE_FUZZ_EXAMPLES`` sets the examples per hypothesis test (default 1000, so about 4000 in ``make test``); the
+``EMBEDGATE_FUZZ_EXAMPLES`` sets the examples per hypothesis test (default 1000, half for JSON objects: about 3000
+messages in ``make test`` with the corpus and the nesting cases); the
 100 000-message run is ``python -m tests.schemas.delta_fuzz --messages 100000`` (tests/schemas/delta_fuzz.py).
 """
 
@@ -81,9 +82,9 @@ _JSON = st.recursive(
 _FIELDS = ["model", "table", "op", "ids", "values", "timestamp_ms", "sequence", "producer", "extra"]
 
 
-@_FUZZ
-@given(st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=9), st.integers(0, 3000))
-def test_generated_json_objects(obj: dict[str, object], depth: int) -> None:
+@settings(_FUZZ, max_examples=max(1, _EXAMPLES // 2))
+@given(st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=9))
+def test_generated_json_objects(obj: dict[str, object]) -> None:
     import json
 
     base: dict[str, object] = {"model": "fz", "table": "item", "op": "upsert", "ids": [1]}
@@ -91,7 +92,15 @@ def test_generated_json_objects(obj: dict[str, object], depth: int) -> None:
     base.update(obj)
     text = json.dumps(base, allow_nan=True)
     _holds(Message("json", text.encode("utf-8", "surrogatepass")))
-    _holds(Message("json-deep", ('{"ids":' + "[" * depth + "]" * depth + "}").encode()))
+
+
+@pytest.mark.parametrize("depth", [1, 3, 4, 500, 990, 1000, 1010, 5000, 100_000])
+@pytest.mark.parametrize(("opener", "closer"), [("[", "]"), ('{"a":', "}")])
+@pytest.mark.parametrize("field", ["ids", "values", "model", "extra"])
+def test_any_nesting_depth(depth: int, opener: str, closer: str, field: str) -> None:
+    """Around the interpreter's recursion limit (1000) and far beyond it, in each kind of field."""
+    _holds(Message("json-deep", f'{{"{field}":{opener * depth}1{closer * depth}}}'.encode()))
+    _holds(Message("json-deep-unclosed", f'{{"{field}":{opener * depth}'.encode()))
 
 
 def test_the_bounded_command_reports_no_crash(capsys: pytest.CaptureFixture[str]) -> None:

@@ -236,7 +236,15 @@ class FakeCatchUps:
     def __init__(self) -> None:
         self.started: list[tuple[Replica, str, int, int]] = []
 
-    def start(self, book: PositionBook, replica: Replica, key: str, had: int, end: int) -> None:
+    def start(
+        self,
+        book: PositionBook,
+        replica: Replica,
+        key: str,
+        had: int,
+        end: int,
+        live_end: Callable[[], int] | None = None,
+    ) -> None:
         self.started.append((replica, key, had, end))
 
     def cancel(self) -> None:

@@ -1,0 +1,124 @@
+"""updater.catchup.catch_up with a fake replica (a PS that keeps rows and positions as the real one does) and a fake
+group-less consumer: a replica that restarts again during its replay is replayed up to where the live loop is by then,
+not only to where it was when the replay started (the live rows it had received meanwhile were lost with it)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+from aiokafka import TopicPartition
+
+import updater.catchup as catchup
+from schemas.deltas import decode_delta
+from schemas.manifest import stream_partition_key
+from schemas.updater_settings import RetrySettings
+from tests.updater.fakes import MANIFEST, TOPIC, FakeRecord, delta_record, ids_of_shard
+from updater.apply import WriteGroup
+from updater.replicas import PositionBook, Replica
+
+TP = TopicPartition(TOPIC, 0)
+KEY = stream_partition_key(TOPIC, 0)
+IDS = ids_of_shard(0, 10)
+RECORDS = [delta_record(0, off, [IDS[off]], value=float(off)) for off in range(10)]  # record i: id IDS[i] = i
+
+
+class _Consumer:
+    """The partition holds RECORDS; reads from the position it is sought to."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        assert tps == [TP]
+
+    async def seek_to_beginning(self, tp: TopicPartition) -> None:
+        self.pos = 0
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.pos = offset
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.pos
+
+    async def getmany(
+        self, tp: TopicPartition, timeout_ms: int, max_records: int
+    ) -> dict[TopicPartition, Any]:
+        got = RECORDS[self.pos : self.pos + max_records]
+        self.pos += len(got)
+        return {tp: got}
+
+
+class _Replica:
+    """One PS replica: rows and per-table positions, moved only where the stored one is >= the expected one; it
+    restarts (loses every row and position) right after its ``restart_after``-th write."""
+
+    def __init__(self, restart_after: int) -> None:
+        self.rows: dict[int, float] = {}
+        self.position: dict[str, int] = {}
+        self.writes = 0
+        self.restart_after = restart_after
+
+    async def stream_position(self, replica: Replica) -> dict[str, dict[str, int]]:
+        return {t: ({KEY: p} if (p := self.position.get(t, -1)) >= 0 else {}) for t in ("item",)}
+
+    async def write_replica(self, target: str, group: WriteGroup, expected: dict[str, int]) -> dict[str, int]:
+        table = group.key.table
+        before = self.position.get(table, -1)
+        for i, v in zip(group.upsert_ids.tolist(), group.upsert_values[:, 0].tolist(), strict=True):
+            self.rows[i] = v
+        if before >= expected[KEY]:
+            self.position[table] = max(before, group.positions[KEY])
+        self.writes += 1
+        if self.writes == self.restart_after:
+            self.rows, self.position = {}, {}
+        return {KEY: before}
+
+
+@pytest.mark.parametrize("restart_after", [0, 1])
+async def test_a_replica_that_restarts_during_its_replay_is_replayed_up_to_where_the_live_loop_is(
+    monkeypatch: pytest.MonkeyPatch, restart_after: int
+) -> None:
+    """The catch-up starts with the live loop at offset 5; the replica had received records 5..9 live (rows
+    applied, position not moved). With ``restart_after`` 1 it restarts after the first replay batch, losing those:
+    the next write finds it behind, and the replay starts again up to offset 10, where the live loop is by then."""
+    monkeypatch.setattr(catchup, "_BATCH", 3)
+    ps = _Replica(restart_after)
+    ps.rows = {IDS[off]: float(off) for off in range(5, 10)}  # live writes it received during the replay
+    replica = Replica("127.0.0.1:1", "unit", 0)
+    book = PositionBook()
+
+    def decode(rec: FakeRecord) -> Any:
+        return decode_delta(rec.value)
+
+    await asyncio.wait_for(
+        catchup.catch_up(
+            replica=replica,
+            tp=TP,
+            end=5,
+            hint=-1,
+            manifest=MANIFEST,
+            writer=ps,  # type: ignore[arg-type]
+            book=book,
+            decode=decode,
+            consumer_factory=_Consumer,  # type: ignore[arg-type]
+            retry=RetrySettings(min_backoff_ms=1, max_backoff_ms=2),
+            stop=asyncio.Event(),
+            live_end=lambda: 10,
+        ),
+        60,
+    )
+    want_end = 10 if restart_after else 5
+    assert ps.rows == {IDS[off]: float(off) for off in range(10)}, "a row the replica lost was not replayed"
+    assert ps.position == {"item": want_end}
+    assert book.expected(replica, "item", KEY) == want_end
+    assert not book.catching_up(replica, KEY)
+    assert np.array_equal(sorted(ps.rows), sorted(IDS))
