@@ -49,6 +49,7 @@ SURFACE = {
         "load_settings",
     ],
     "gateway.auth": ["Authenticator", "TokenEntry", "exposure_problem", "parse_tokens"],
+    "gateway.readiness": ["PROBE_TIMEOUT_S", "Readiness", "poll_readiness"],
     "gateway.limits": [
         "BufferedBytes",
         "ParsePool",
