@@ -40,6 +40,28 @@ _gw_log = logging.getLogger("embedgate.gateway")
 _QUIET = ("/healthz", "/readyz", "/metrics")
 
 
+class HeadLimitMiddleware:
+    """The ops port's bound on the request head (the public app's is in :class:`RequestIdMiddleware`): 414 / 431 as
+    there, whatever HTTP parser reads the requests."""
+
+    def __init__(self, app: ASGIApp, max_headers: int = 100, max_header_bytes: int = 16384) -> None:
+        self.app = app
+        self.max_headers = max_headers
+        self.max_header_bytes = max_header_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        problem = (
+            _head_problem(scope, self.max_headers, self.max_header_bytes) if scope["type"] == "http" else None
+        )
+        if problem is None:
+            await self.app(scope, receive, send)
+            return
+        status, text = problem
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": error_body(text)})
+
+
 class RequestIdMiddleware:
     """Echo or assign ``X-Request-Id``; one access log line per request (probes and /metrics excluded).
 
@@ -196,6 +218,10 @@ def _ops_app(runtime: Runtime, manifests: dict[str, Manifest]) -> FastAPI:
     )
     ops_app.state.runtime = runtime
     ops_app.include_router(ops.router)
+    lim = settings.limits
+    ops_app.add_middleware(
+        HeadLimitMiddleware, max_headers=lim.max_headers, max_header_bytes=lim.max_header_bytes
+    )
     add_docs(ops_app, settings, manifests)
     return ops_app
 

@@ -60,8 +60,9 @@ class Readiness:
         self.models = models
         self.polls += 1
         self.polled_at = time.monotonic()
-        if was is not None and was != self.ready:
-            log.warning(
+        if was is not None and was != self.ready:  # not ready: WARNING with the reasons; ready again: INFO
+            log.log(
+                logging.INFO if self.ready else logging.WARNING,
                 "readiness changed",
                 extra={"ready": self.ready, "models": {k: v for k, v in models.items() if v != "ok"}},
             )

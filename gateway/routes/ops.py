@@ -15,7 +15,6 @@ port.
 from __future__ import annotations
 
 import json
-from typing import Literal
 
 from fastapi import APIRouter, Request, Response
 
@@ -37,24 +36,25 @@ async def healthz() -> Response:
     return Response(b'{"status": "ok"}', media_type="application/json")
 
 
-def _scope(rt: Runtime, request: Request) -> frozenset[str] | Literal[False] | None:
-    """Whose details the caller may see on the public port: every model (None), these models, or none (False)."""
+def _scope(rt: Runtime, request: Request) -> tuple[bool, frozenset[str] | None]:
+    """Whether the caller may see details on the public port, and of which models (None: every model)."""
     if rt.auth is None:
-        return _ALL
+        return True, _ALL
     try:
-        return rt.auth.scope(request.headers.getlist("authorization"))
+        return True, rt.auth.scope(request.headers.getlist("authorization"))
     except GatewayError:  # no valid token: the overall status only
-        return False
+        return False, _ALL
 
 
-def _ready(rt: Runtime, scope: frozenset[str] | Literal[False] | None) -> Response:
-    """The readiness document from the poller's last result; ``scope`` as :func:`_scope` (ops port: None)."""
+def _ready(rt: Runtime, details: bool, scope: frozenset[str] | None = _ALL) -> Response:
+    """The readiness document from the poller's last result; with ``details``, those of the models in ``scope``
+    (None: every model)."""
     state = rt.readiness
     if rt.gateway is None or state.polls == 0:
         return Response(b'{"status": "starting"}', status_code=503, media_type="application/json")
     ok = state.ready
     doc: dict[str, object] = {"status": "ready" if ok else "not ready"}
-    if scope is not False:
+    if details:
 
         def shown(name: str) -> bool:
             return scope is None or name in scope
@@ -80,7 +80,9 @@ def _ready(rt: Runtime, scope: frozenset[str] | Literal[False] | None) -> Respon
     "/readyz", summary="Readiness: every configured backend answered GetModelStatus with an AVAILABLE version"
 )
 async def readyz(rt: RuntimeDep, request: Request) -> Response:
-    return _ready(rt, _ALL if rt.settings.ops_port is not None else _scope(rt, request))
+    if rt.settings.ops_port is not None:
+        return _ready(rt, True)
+    return _ready(rt, *_scope(rt, request))
 
 
 @public_router.get("/readyz", summary="Readiness (status only; details on the ops port)")

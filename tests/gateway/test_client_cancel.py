@@ -92,7 +92,8 @@ def test_client_cancels_are_info_without_traceback(passthrough_backend: Any, tmp
     assert not [x for x in lines if "exc" in x or "Traceback" in str(x.get("msg", ""))], lines
     assert not [x for x in lines if x.get("level") == "?" and "Traceback" in str(x["msg"])], lines
     cancelled = [x for x in gateway if x.get("msg") == "request cancelled" and x.get("model") == "slow"]
-    assert len(cancelled) == 2 and all(x["level"] == "INFO" for x in cancelled), gateway  # both gRPC calls
+    # the cancelled call; the expired one too unless the gateway's own deadline (the client's) ended it first
+    assert len(cancelled) in (1, 2) and all(x["level"] == "INFO" for x in cancelled), gateway
     left = [x for x in gateway if x.get("msg") == "client disconnected"]
     assert len(left) >= 1 and all(x["level"] == "INFO" for x in left), (
         gateway

@@ -151,8 +151,14 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
             servers[target] = await asyncio.to_thread(stack.enter_context, serve_local(models, port=port))
 
         async with app_client(
-            models=[gateway_model], grpc_port=grpc_port, grpc={"position_poll_s": 0.2, "replica_retry_s": 0}
+            models=[gateway_model],
+            grpc_port=grpc_port,
+            grpc={"position_poll_s": 0.2, "replica_retry_s": 0},
+            health_poll_s=0.2,
         ) as gw:
+
+            async def ready_again() -> bool:  # /readyz answers from the readiness poll after the restarts
+                return (await gw.get("/readyz")).status_code == 200
 
             async def predict() -> tuple[np.ndarray, str | None]:
                 r = await gw.post(f"/v1/models/{MODEL}:predict", content=body)
@@ -196,6 +202,7 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
             for _ in range(8):  # round robin would send every other lookup of each shard to B
                 preds, mark = await predict()
                 assert (which(preds), mark) == ("new", None)
+            await _eventually(ready_again, "the readiness poll sees both replicas again")
             ready = (await gw.get("/readyz")).json()
             assert ready["status"] == "ready"
             assert ready["replicas"] == {
@@ -220,6 +227,7 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
             assert trailing.get("x-embedgate-degraded") == "replica_catching_up"
             got = np.asarray(to_ndarray(next(iter(resp.outputs.values()))), np.float32).ravel()
             assert which(got) == "old"
+            await _eventually(ready_again, "the readiness poll sees both replicas again")
             ready = (await gw.get("/readyz")).json()
             assert ready["status"] == "ready", ready  # catching up never makes the gateway unready
             assert await marked() == 5

@@ -51,6 +51,7 @@ SURFACE = {
     ],
     "gateway.admission": ["Admission", "GradientLimit", "Phase", "ShedMiddleware"],
     "gateway.auth": ["Authenticator", "TokenEntry", "exposure_problem", "parse_tokens"],
+    "gateway.readiness": ["PROBE_TIMEOUT_S", "Readiness", "poll_readiness"],
     "gateway.limits": [
         "RATIO_FLOOR",
         "BufferedBytes",

@@ -154,3 +154,16 @@ async def test_two_authorization_values_are_refused_on_both_fronts(
                     await call(req, timeout=30, metadata=(good, second))
                 assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
                 assert "2 Authorization values" in (exc.value.details() or "")
+
+
+async def test_the_ops_port_bounds_the_request_line_too() -> None:
+    from gateway.app import create_app
+
+    app = create_app(GatewaySettings(models=_MODELS, ops_port=free_port()))
+    ops = httpx.ASGITransport(app=app.state.ops_app)
+    async with httpx.AsyncClient(transport=ops, base_url="http://ops") as client:
+        assert (await client.get("/healthz", params={"q": "x" * 8_000})).status_code == 200
+        r = await client.get("/healthz", params={"q": "x" * 17_000})
+        assert r.status_code == 414 and "limits.max_header_bytes" in r.json()["error"]
+        r = await client.get("/healthz", headers={f"x-h{i}": "1" for i in range(101)})
+        assert r.status_code == 431 and "limits.max_headers" in r.json()["error"]
