@@ -172,7 +172,7 @@ class StreamRows(keras.callbacks.Callback):  # type: ignore[misc]  # Keras ships
         log.info(
             "entry refreshed", extra={"version": result.version, "ps_version": result.manifest.ps_version}
         )
-        return result.version
+        return int(result.version)
 
     def __enter__(self) -> StreamRows:
         return self
