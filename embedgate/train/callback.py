@@ -138,7 +138,7 @@ class StreamRows(keras.callbacks.Callback):  # type: ignore[misc]  # Keras ships
             raise RuntimeError("StreamRows has no model: pass model= or use it as a callback of fit")
         total = 0
         for b in self._bindings:
-            now = b.weights()
+            now = b.weights(copy=False)  # read only: the snapshot takes copies of the changed rows
             snap = self._snapshots[b.table]
             if now.shape != snap.shape:
                 raise RuntimeError(
