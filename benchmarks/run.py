@@ -42,6 +42,8 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
         ["--instances", "170000", "--runs", "3", "--write", "docs/benchmarks.md"],
         600.0,
     ),
+    # issue 18: training step with and without StreamRows (prints its figures; docs/benchmarks.md "StreamRows overhead")
+    "stream_rows_bench": (["--rounds", "3", "--steps", "20", "--every-n-batches", "10"], 900.0),
 }
 
 
