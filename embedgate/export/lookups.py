@@ -41,9 +41,8 @@ class KeyedTable:
     pad: Any = (
         None  # the lookup's mask token: what pads a multi-valued feature's raw values on the Keras side
     )
-    index: npt.NDArray[np.int64] | None = (
-        None  # the Embedding row each key's row comes from (same order as keys)
-    )
+    # the Embedding row each key's row comes from, in the order of ``keys`` (what embedgate.train binds rows by)
+    index: npt.NDArray[np.int64] | None = None
 
 
 def find_lookup(model: Any, f: SparseDecl) -> Any | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from embedgate.train.diff import changed_rows
+from embedgate.train.metrics import TrainerMetrics
 from embedgate.train.publisher import PublishError, PublisherState, PublisherStats, RowPublisher
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "PublisherStats",
     "RowPublisher",
     "StreamRows",
+    "TrainerMetrics",
     "changed_rows",
     "export_with_cut",
     "refresh_entry",

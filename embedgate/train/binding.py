@@ -42,9 +42,10 @@ class TableBinding:
     key_of_row: npt.NDArray[np.int64]
     mapping: LookupMapping | None
 
-    def weights(self) -> npt.NDArray[np.float32]:
-        """A copy of the layer's table now, float32 [rows, dim]."""
-        return np.array(self.layer.embeddings.numpy(), dtype=np.float32, copy=True)
+    def weights(self, *, copy: bool = True) -> npt.NDArray[np.float32]:
+        """The layer's table now, float32 [rows, dim]: a writable copy, or (``copy=False``) an array to read only."""
+        now = self.layer.embeddings.numpy()
+        return np.array(now, dtype=np.float32, copy=True) if copy else np.asarray(now, dtype=np.float32)
 
     def served(self, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """(the rows of ``rows`` that are served, their PS keys)."""

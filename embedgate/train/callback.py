@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from embedgate.train.binding import TableBinding, bind_model
 from embedgate.train.diff import changed_rows
+from embedgate.train.metrics import TrainerMetrics
 from embedgate.train.publisher import RowPublisher
 
 __all__ = ["StreamRows"]
@@ -42,7 +43,9 @@ class StreamRows(keras.callbacks.Callback):  # type: ignore[misc]  # Keras ships
     """Publish the rows training changed, for every table of the model exported to ``manifest_dir``.
 
     ``publisher``: an open :class:`RowPublisher` to use; else one is created from ``bootstrap`` and the
-    ``publisher_kwargs`` (close it with :meth:`close`, or use the callback as a context manager). The end of ``fit``
+    ``publisher_kwargs`` (close it with :meth:`close`, or use the callback as a context manager). ``metrics_port``
+    (off by default): serve the publisher's :class:`~embedgate.train.TrainerMetrics` on ``127.0.0.1:<port>/metrics``
+    (0: a free port, then in :attr:`metrics_port`). The end of ``fit``
     publishes and flushes (every row is acknowledged when ``fit`` returns); the publisher stays open for the next. ``log_every``: one INFO line
     (rows, bytes, blocked time, lag) every that many publishes (0: never).
     """
@@ -62,6 +65,7 @@ class StreamRows(keras.callbacks.Callback):  # type: ignore[misc]  # Keras ships
         export_root: str | Path | None = None,
         flush_timeout_s: float | None = 300.0,
         log_every: int = 100,
+        metrics_port: int | None = None,
         **publisher_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -81,7 +85,16 @@ class StreamRows(keras.callbacks.Callback):  # type: ignore[misc]  # Keras ships
         self.log_every = log_every
         self._publish_all_first = publish_all_first
         self._own_publisher = publisher is None
-        self.publisher = publisher or RowPublisher(self.manifest_dir, bootstrap, **publisher_kwargs)
+        if publisher is None:
+            publisher_kwargs.setdefault("metrics", TrainerMetrics() if metrics_port is not None else None)
+            publisher = RowPublisher(self.manifest_dir, bootstrap, **publisher_kwargs)
+        self.publisher = publisher
+        self.metrics = publisher.metrics
+        self.metrics_port: int | None = None
+        if metrics_port is not None:
+            if self.metrics is None:
+                raise ValueError("metrics_port= with a publisher built without metrics=TrainerMetrics()")
+            self.metrics_port = self.metrics.serve(metrics_port)
         self._bindings: list[TableBinding] = []
         self._snapshots: dict[str, npt.NDArray[np.float32]] = {}
         self._bound: Any = None
@@ -125,7 +138,7 @@ class StreamRows(keras.callbacks.Callback):  # type: ignore[misc]  # Keras ships
             raise RuntimeError("StreamRows has no model: pass model= or use it as a callback of fit")
         total = 0
         for b in self._bindings:
-            now = b.weights()
+            now = b.weights(copy=False)  # read only: the snapshot takes copies of the changed rows
             snap = self._snapshots[b.table]
             if now.shape != snap.shape:
                 raise RuntimeError(
@@ -169,6 +182,8 @@ class StreamRows(keras.callbacks.Callback):  # type: ignore[misc]  # Keras ships
         result = refresh_entry(self._bound, self.declaration, self.export_root)
         self._last_entry = time.monotonic()
         self.entry_versions.append(result.version)
+        if self.metrics is not None:
+            self.metrics.entry_refreshes.inc()
         log.info(
             "entry refreshed", extra={"version": result.version, "ps_version": result.manifest.ps_version}
         )
@@ -181,11 +196,15 @@ class StreamRows(keras.callbacks.Callback):  # type: ignore[misc]  # Keras ships
         self.close()
 
     def close(self) -> None:
-        """Flush and close the publisher if the callback created it."""
-        if self._own_publisher:
-            self.publisher.close(self.flush_timeout_s)
-        else:
-            self.publisher.flush(self.flush_timeout_s)
+        """Flush and close the publisher if the callback created it; stop the metrics endpoint it started."""
+        try:
+            if self._own_publisher:
+                self.publisher.close(self.flush_timeout_s)
+            else:
+                self.publisher.flush(self.flush_timeout_s)
+        finally:
+            if self.metrics_port is not None and self.metrics is not None:
+                self.metrics.close()
 
     # -- internals ------------------------------------------------------------------------------------------------
     def _bind(self, model: Any) -> None:

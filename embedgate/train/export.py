@@ -14,9 +14,12 @@ entry_every_s=...)`` calls it right after a row publish was acknowledged.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embedgate.train.publisher import RowPublisher
+
+if TYPE_CHECKING:
+    from embedgate.export.exporter import ExportResult
 
 __all__ = ["export_with_cut", "refresh_entry"]
 
@@ -31,7 +34,7 @@ def export_with_cut(
     flush_timeout_s: float | None = 300.0,
     kafka_timeout_s: float = 60.0,
     **export_kwargs: Any,
-) -> Any:
+) -> ExportResult:
     """Flush ``publisher``, read the stream cut of ``topics`` (default: the publisher's topic, the model's own
     ``embedgate.deltas.<model>``) and export ``model`` with it; returns the ``ExportResult``. Raises what
     :meth:`RowPublisher.flush` raises (nothing is exported then) and aiokafka's ``KafkaError`` / ``TimeoutError``

@@ -39,6 +39,7 @@ from typing import Any, Self
 import numpy as np
 import numpy.typing as npt
 
+from embedgate.train.metrics import TrainerMetrics
 from gateway.lookup_mapping import LookupMapping, load_lookups
 from schemas.deltas import delta_topic
 from schemas.manifest import Manifest, TableSpec
@@ -116,6 +117,7 @@ class RowPublisher:
         start_timeout_s: float = 60.0,
         linger_ms: int = 10,
         security: KafkaSecurity | None = None,
+        metrics: TrainerMetrics | None = None,
     ) -> None:
         if isinstance(manifest, Manifest):
             self.manifest = manifest
@@ -127,6 +129,7 @@ class RowPublisher:
         self.mappings: dict[str, LookupMapping] = table_mappings(self.manifest, mappings)
         if max_pending_bytes < 1:
             raise ValueError(f"max_pending_bytes must be >= 1, got {max_pending_bytes}")
+        self.metrics = metrics
         self._max_bytes = max_pending_bytes
         self._retry_s = retry_s
         self._cond = threading.Condition()
@@ -292,11 +295,16 @@ class RowPublisher:
                     and self._error is None
                 ):
                     self._cond.wait()
-                self._blocked_s += time.monotonic() - start
+                waited = time.monotonic() - start
+                self._blocked_s += waited
+                if self.metrics is not None:
+                    self.metrics.blocked.inc(waited)
                 self._raise_failed()
             self._pending_bytes += work.nbytes
             self._pending_rows += len(work.ids)
             self._pending_calls += 1
+            if self.metrics is not None:
+                self.metrics.pending.set(self._pending_rows)
 
     def _done(self, work: _Work, fut: Future[PublishResult]) -> None:
         with self._cond:
@@ -311,7 +319,14 @@ class RowPublisher:
                 self._stats["bytes"] += work.nbytes
                 self._stats["calls"] += 1
                 self._last_lag_s = time.monotonic() - work.submitted
+                if self.metrics is not None:
+                    self.metrics.rows.labels(work.table).inc(res.rows)
+                    self.metrics.bytes.labels(work.table).inc(work.nbytes)
+                    self.metrics.messages.inc(res.messages)
+                    self.metrics.lag.observe(self._last_lag_s)
             elif self._error is None:
+                if self.metrics is not None:
+                    self.metrics.failures.inc()
                 self._state = PublisherState.FAILED
                 self._error = PublishError(
                     f"publishing {len(work.ids)} {'rows' if work.values is not None else 'deletes'} of table "
@@ -319,6 +334,8 @@ class RowPublisher:
                     "published"
                 )
                 self._error.__cause__ = exc
+            if self.metrics is not None:
+                self.metrics.pending.set(self._pending_rows)
             self._cond.notify_all()
 
     def _raise_failed(self) -> None:
@@ -382,6 +399,8 @@ class RowPublisher:
                 attempt += 1
                 with self._cond:
                     self._stats["retries"] += 1
+                if self.metrics is not None:
+                    self.metrics.retries.inc()
                 log.warning(
                     "Kafka send failed, retrying",
                     extra={"what": what, "error": _describe(exc), "attempt": attempt},

@@ -80,3 +80,28 @@ def test_keys_are_the_exporters(tiny_export: Exported) -> None:
     assert NO_KEY not in bindings["cat_emb"].key_of_row
     rows, keys = bindings["cat_emb"].served(np.asarray([0, 2], np.int64))
     assert rows.tolist() == [0, 2] and keys.tolist() == [OOV_KEY, string_key(CATS[1])]
+
+
+def test_stream_rows_serves_its_metrics_when_asked(
+    tiny_export: Exported, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import urllib.request
+
+    import embedgate.train.publisher as mod
+    from embedgate.train import StreamRows
+    from tests.train.test_publisher import _FakePublisher
+
+    monkeypatch.setattr(mod, "DeltaPublisher", _FakePublisher)
+    _FakePublisher.gate.set()
+    model = build()
+    with StreamRows(tiny_export.model_dir, "unused:1", model=model, metrics_port=0, log_every=1) as stream:
+        assert stream.metrics_port
+        emb = model.get_layer("item_emb")
+        emb.embeddings.assign(emb.embeddings.numpy() + np.eye(40, 4, dtype=np.float32))  # rows 0..3 change
+        assert stream.publish_now() == 4
+        stream.publisher.flush(timeout=30)
+        url = f"http://127.0.0.1:{stream.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert 'embedgate_trainer_rows_total{table="item_emb"} 4.0' in resp.read().decode()
+    with StreamRows(tiny_export.model_dir, "unused:1", model=model, log_every=0) as quiet:
+        assert quiet.metrics_port is None and quiet.metrics is None  # off by default

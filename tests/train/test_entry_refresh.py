@@ -214,3 +214,37 @@ def test_trainer_exports_record_the_stream_cut_and_stream_rows_refreshes_the_ent
     m = Manifest.load(second.model_dir)
     assert (m.version, m.ps_version) == (4, 2)
     assert stream.rows_published > 0
+
+
+def test_entry_only_cli(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    model = build()
+    export_model(model, DECLARATION, tmp_path / "models", num_shards=2)
+    _scale_dense(model, 2.0)
+    model.save(tmp_path / "tiny.keras")
+    decl = tmp_path / "decl.yaml"
+    decl.write_text(yaml.safe_dump(DECLARATION.model_dump(mode="json", exclude_none=True)))
+    common = [
+        "--model",
+        str(tmp_path / "tiny.keras"),
+        "--declaration",
+        str(decl),
+        "--out",
+        str(tmp_path / "models"),
+    ]
+    root = Path(__file__).resolve().parents[2]
+
+    def cli(*extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "embedgate", "export", "--entry-only", *common, *extra]
+        return subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600, check=False)
+
+    ok = cli()
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "entry version 2, running with PS version 1" in ok.stdout
+    bad = cli("--stream-cut", "auto")
+    assert bad.returncode == 2 and "--entry-only takes --model" in bad.stderr
+    assert Manifest.load(tmp_path / "models" / "tiny").ps_version == 1

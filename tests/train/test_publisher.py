@@ -207,3 +207,29 @@ def test_broker_killed_and_restarted_loses_no_row(tmp_path: Path) -> None:
     received = {i for d in got for i in d.ids.tolist()}
     assert received == set(sent), f"{len(set(sent) - received)} rows lost"
     assert st.rows >= len(sent) and st.blocked_s > 0
+
+
+def test_metrics_count_rows_bytes_lag_and_blocked_time(fake: type[_FakePublisher]) -> None:
+    import urllib.request
+
+    from embedgate.train import TrainerMetrics
+
+    metrics = TrainerMetrics()
+    rows = np.ones((10, 4), np.float32)
+    with RowPublisher(MANIFEST, "unused:1", max_pending_bytes=300, metrics=metrics) as pub:
+        pub.publish("item", np.arange(10), rows)
+        threading.Timer(0.2, fake.gate.set).start()
+        pub.publish("item", np.arange(10, 20), rows)  # blocks until the first is acknowledged
+        pub.flush(timeout=30)
+    port = metrics.serve(0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    finally:
+        metrics.close()
+    assert 'embedgate_trainer_rows_total{table="item"} 20.0' in text
+    assert 'embedgate_trainer_bytes_total{table="item"} 480.0' in text
+    assert "embedgate_trainer_publish_lag_seconds_count 2.0" in text
+    assert "embedgate_trainer_pending_rows 0.0" in text
+    blocked = metrics.registry.get_sample_value("embedgate_trainer_blocked_seconds_total")
+    assert blocked is not None and blocked > 0

@@ -50,7 +50,7 @@ def _full_diff(
 async def _consume(bootstrap: str, topic: str, idle_s: float = 3.0) -> list[Any]:
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
-    out = []
+    out: list[Any] = []
     try:
         last = time.monotonic()
         while time.monotonic() - last < idle_s:
@@ -98,7 +98,7 @@ def test_publishes_exactly_the_changed_rows(
         published.append((stream.publishes, table, np.asarray(keys).copy(), np.asarray(values).copy()))
         real(table, keys, values, delete=delete)
 
-    stream.publisher.publish_keys = spy  # type: ignore[method-assign]
+    stream.publisher.publish_keys = spy  # type: ignore[method-assign,unused-ignore]
     x, y = examples(BATCH * BATCHES, seed=1)
     recorder = keras.callbacks.LambdaCallback(on_train_begin=snap, on_train_batch_end=snap)
     with stream:
