@@ -34,7 +34,8 @@ Each row is judged against the issue's targets, printed in the table: /healthz <
 REST; 0 INTERNAL/UNKNOWN over gRPC; <= 1 backend probe per backend per poll interval and no readiness flip in the
 flood; goodput >= 0.8x capacity, 429 median <= 10 ms, accepted p99 <= 1 s under overload. ``--write`` puts the table
 into a Markdown file between ``<!-- hostile:begin -->`` and ``<!-- hostile:end -->``. ``--quick`` runs smaller and
-shorter versions of each class (development). Exits 0 when the benchmark ran to the end, whatever the verdicts.
+shorter versions of each class (development). ``EMBEDGATE_BENCH_TOOLS`` names another directory holding vegeta and
+ghz. Exits 0 when the benchmark ran to the end, whatever the verdicts.
 """
 
 from __future__ import annotations
@@ -928,7 +929,7 @@ async def gzip_bombs(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
 
 
 def _tool(name: str) -> str | None:
-    path = _BIN / name
+    path = Path(os.environ.get("EMBEDGATE_BENCH_TOOLS", _BIN)) / name
     return str(path) if path.exists() else None
 
 
