@@ -52,9 +52,7 @@ _MAX_GRADIENT: Final = 2.0
 
 class Phase(enum.Enum):
     FIXED = "fixed"  # adaptive off: the limit is max_in_flight
-    UNMEASURED = (
-        "unmeasured"  # no request has found the limit full yet: the limit is max_in_flight, nothing measured
-    )
+    UNMEASURED = "unmeasured"  # the limit was never reached: it is max_in_flight, nothing measured yet
     MEASURING = "measuring"  # the limit is held at min_limit while min_rtt is measured
     ADAPTING = "adapting"  # the limit follows the gradient, once per sample window
 
@@ -128,9 +126,7 @@ class GradientLimit:
         if self.phase is Phase.UNMEASURED:
             return
         if self.phase is Phase.MEASURING:
-            if (
-                admitted_at < self._since
-            ):  # admitted under the previous, higher limit: not an unloaded round trip
+            if admitted_at < self._since:  # admitted under the previous, higher limit: a loaded round trip
                 return
             self._samples.append(now - admitted_at)
             if len(self._samples) >= s.min_rtt_samples:
