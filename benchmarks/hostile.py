@@ -1035,7 +1035,7 @@ def _ghz(
     return codes, lat
 
 
-_SHED_REASONS: Final = ("queue_full", "queue_timeout")
+_SHED_REASONS: Final = ("queue_full", "queue_timeout", "loop_lag")
 
 
 def _capacity(codes: Sequence[str], seconds: float) -> float:
