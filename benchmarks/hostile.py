@@ -177,6 +177,10 @@ def _pct(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
+def _ms(values: Sequence[float], q: float, fmt: str) -> str:
+    return f"{_pct(values, q):{fmt}} ms" if values else "none"
+
+
 def overload_result(
     name: str,
     front: str,
@@ -199,7 +203,7 @@ def overload_result(
     rest = ", ".join(f"{n} {c}" for c, n in sorted(other.items()))
     outcome = (
         f"capacity {capacity:,.0f}/s; {len(ok):,} OK, {len(shed):,} shed{', ' + rest if rest else ''}; goodput "
-        f"{goodput:.2f}x, 429 median {_pct(shed, 50):.1f} ms, accepted p99 {_pct(ok, 99):.0f} ms"
+        f"{goodput:.2f}x, 429 median {_ms(shed, 50, '.1f')}, accepted p99 {_ms(ok, 99, '.0f')}"
     )
     return ClassResult(
         name,
