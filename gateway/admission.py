@@ -22,7 +22,7 @@ in milliseconds and an admitted one is served at the unloaded speed.
   (``overload_status: 503``), with ``Retry-After``; each is counted in ``embedgate_admission_shed_total{reason}``.
   Work the limit cannot see (requests waiting for the event loop before they reach admission, e.g. gRPC calls under
   a flood) shows as loop lag: while the loop runs more than ``max_loop_lag_s`` late (:meth:`Admission.watch_lag`,
-  twice in a row), new requests are refused at once (``loop_lag``).
+  three measurements in a row), new requests are refused at once (``loop_lag``).
 * :class:`ShedMiddleware` (REST): while a request would be refused anyway, refuses it before anything reads it.
 """
 
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Admission", "GradientLimit", "Phase", "ShedMiddleware"]
 
+_LAG_STREAK: Final = 3  # late lag measurements in a row that make the loop count as backlogged
 _MIN_GRADIENT: Final = 0.5
 _MAX_GRADIENT: Final = 2.0
 
@@ -181,7 +182,7 @@ class Admission:
         self.max_in_flight = max_in_flight
         self._max_lag = settings.max_loop_lag_s if settings is not None else 0.0
         self.loop_lag = 0.0  # seconds: how late the event loop ran its last lag timer (see watch_lag)
-        self._lagging = False  # the last two lag measurements were both above max_loop_lag_s
+        self._lagging = False  # the last _LAG_STREAK lag measurements were all above max_loop_lag_s
         self._queue_timeout = settings.queue_timeout_s if settings is not None else 0.0
         self._max_queue = settings.max_queue if settings is not None else 0
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -213,17 +214,17 @@ class Admission:
 
     async def watch_lag(self, interval_s: float = 0.02) -> None:
         """Measure how late the event loop runs a timer, every ``interval_s``, into :attr:`loop_lag`; a loop late by
-        more than ``max_loop_lag_s`` twice in a row has a backlog of work (requests not yet seen by admission, e.g.
-        gRPC calls waiting to start): new requests are then refused at once. Runs until cancelled (the lifespan's)."""
+        more than ``max_loop_lag_s`` in ``_LAG_STREAK`` measurements in a row has a backlog of work (requests not yet
+        seen by admission, e.g. calls waiting to start): new requests are then refused at once. A single late timer
+        (the process descheduled on a busy machine) refuses nothing. Runs until cancelled (by the lifespan)."""
         loop = asyncio.get_running_loop()
-        above = False
+        streak = 0
         while True:
             start = loop.time()
             await asyncio.sleep(interval_s)
             self.loop_lag = max(0.0, loop.time() - start - interval_s)
-            late = self.loop_lag > self._max_lag
-            self._lagging = late and above
-            above = late
+            streak = streak + 1 if self.loop_lag > self._max_lag else 0
+            self._lagging = streak >= _LAG_STREAK
             if self._metrics is not None:
                 self._metrics.admission_loop_lag.set(self.loop_lag)
 

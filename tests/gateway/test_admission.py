@@ -308,14 +308,15 @@ async def _stall_loop(seconds: float) -> None:
         await asyncio.sleep(0)
 
 
-async def test_a_late_event_loop_sheds_new_requests_after_two_late_measurements() -> None:
+async def test_a_late_event_loop_sheds_new_requests_after_three_late_measurements() -> None:
     metrics = Metrics()
     adm = Admission(8, 429, 1, AdmissionSettings(max_loop_lag_s=0.1), metrics)
     watcher = asyncio.create_task(adm.watch_lag())
     try:
         await asyncio.sleep(0)  # the watcher's first timer is set
-        await _stall_loop(0.25)
-        assert adm.loop_lag >= 0.1 and adm.saturated() is None  # one late measurement: not yet
+        for _ in range(2):
+            await _stall_loop(0.25)
+            assert adm.loop_lag >= 0.1 and adm.saturated() is None  # one or two late measurements: not yet
         await _stall_loop(0.25)
         assert adm.saturated() == "loop_lag"
         with pytest.raises(
