@@ -20,6 +20,9 @@ in milliseconds and an admitted one is served at the unloaded speed.
   the queue full is refused at once (reason ``queue_full``), one that waited the whole budget is shed
   (``queue_timeout``). Refusals are ``ResourceExhausted`` (HTTP 429, gRPC RESOURCE_EXHAUSTED) or ``Unavailable``
   (``overload_status: 503``), with ``Retry-After``; each is counted in ``embedgate_admission_shed_total{reason}``.
+  Work the limit cannot see (requests waiting for the event loop before they reach admission, e.g. gRPC calls under
+  a flood) shows as loop lag: while the loop runs more than ``max_loop_lag_s`` late (:meth:`Admission.watch_lag`,
+  three measurements in a row), new requests are refused at once (``loop_lag``).
 * :class:`ShedMiddleware` (REST): while a request would be refused anyway, refuses it before anything reads it.
 """
 
@@ -46,15 +49,14 @@ if TYPE_CHECKING:
 
 __all__ = ["Admission", "GradientLimit", "Phase", "ShedMiddleware"]
 
+_LAG_STREAK: Final = 3  # late lag measurements in a row that make the loop count as backlogged
 _MIN_GRADIENT: Final = 0.5
 _MAX_GRADIENT: Final = 2.0
 
 
 class Phase(enum.Enum):
     FIXED = "fixed"  # adaptive off: the limit is max_in_flight
-    UNMEASURED = (
-        "unmeasured"  # no request has found the limit full yet: the limit is max_in_flight, nothing measured
-    )
+    UNMEASURED = "unmeasured"  # the limit was never reached: it is max_in_flight, nothing measured yet
     MEASURING = "measuring"  # the limit is held at min_limit while min_rtt is measured
     ADAPTING = "adapting"  # the limit follows the gradient, once per sample window
 
@@ -128,9 +130,7 @@ class GradientLimit:
         if self.phase is Phase.UNMEASURED:
             return
         if self.phase is Phase.MEASURING:
-            if (
-                admitted_at < self._since
-            ):  # admitted under the previous, higher limit: not an unloaded round trip
+            if admitted_at < self._since:  # admitted under the previous, higher limit: a loaded round trip
                 return
             self._samples.append(now - admitted_at)
             if len(self._samples) >= s.min_rtt_samples:
@@ -180,6 +180,9 @@ class Admission:
     ) -> None:
         self.policy = GradientLimit(max_in_flight, settings, clock)
         self.max_in_flight = max_in_flight
+        self._max_lag = settings.max_loop_lag_s if settings is not None else 0.0
+        self.loop_lag = 0.0  # seconds: how late the event loop ran its last lag timer (see watch_lag)
+        self._lagging = False  # the last _LAG_STREAK lag measurements were all above max_loop_lag_s
         self._queue_timeout = settings.queue_timeout_s if settings is not None else 0.0
         self._max_queue = settings.max_queue if settings is not None else 0
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -209,22 +212,43 @@ class Admission:
         about one round trip of work (under sustained overload the refusals are then immediate, not timeouts)."""
         return min(self._max_queue, self.policy.limit)
 
-    def saturated(self) -> bool:
-        """Whether a request arriving now would be refused at once (no free slot, the queue full or off). Notes the
-        contention in the policy, as a refused :meth:`admit` would."""
-        if not self._waiters and self.policy.has_room():
-            return False
-        if self._queue_timeout > 0 and len(self._waiters) < self.queue_room:
-            return False
-        self.policy.note_contention()
-        return True
+    async def watch_lag(self, interval_s: float = 0.02) -> None:
+        """Measure how late the event loop runs a timer, every ``interval_s``, into :attr:`loop_lag`; a loop late by
+        more than ``max_loop_lag_s`` in ``_LAG_STREAK`` measurements in a row has a backlog of work (requests not yet
+        seen by admission, e.g. calls waiting to start): new requests are then refused at once. A single late timer
+        (the process descheduled on a busy machine) refuses nothing. Runs until cancelled (by the lifespan)."""
+        loop = asyncio.get_running_loop()
+        streak = 0
+        while True:
+            start = loop.time()
+            await asyncio.sleep(interval_s)
+            self.loop_lag = max(0.0, loop.time() - start - interval_s)
+            streak = streak + 1 if self.loop_lag > self._max_lag else 0
+            self._lagging = streak >= _LAG_STREAK
+            if self._metrics is not None:
+                self._metrics.admission_loop_lag.set(self.loop_lag)
 
-    def refuse(self) -> GatewayError:
-        """The refusal of a request found :meth:`saturated` (counted as shed, reason ``queue_full``)."""
-        return self._shed("queue_full")
+    def saturated(self) -> str | None:
+        """Why a request arriving now would be refused at once (``loop_lag``; ``queue_full``: no free slot and the
+        queue full or off), or None. Notes the contention in the policy, as a refused :meth:`admit` would."""
+        if self._max_lag > 0 and self._lagging:
+            self.policy.note_contention()
+            return "loop_lag"
+        if not self._waiters and self.policy.has_room():
+            return None
+        if self._queue_timeout > 0 and len(self._waiters) < self.queue_room:
+            return None
+        self.policy.note_contention()
+        return "queue_full"
+
+    def refuse(self, reason: str) -> GatewayError:
+        """The refusal of a request :meth:`saturated` gave ``reason`` for (counted as shed)."""
+        return self._shed(reason)
 
     def acquire(self) -> float:
         """Admit now or raise (never waits); returns the admission time (the clock's)."""
+        if self._max_lag > 0 and self._lagging:
+            raise self._shed("loop_lag")
         if self._waiters or not self.policy.try_acquire():
             raise self._shed("queue_full")
         return self._clock()
@@ -234,6 +258,9 @@ class Admission:
 
         Raises ResourceExhausted / Unavailable when refused. Cancelled while waiting: leaves the queue (or gives back a
         slot it was just handed) and re-raises."""
+        if self._max_lag > 0 and self._lagging:
+            self.policy.note_contention()
+            raise self._shed("loop_lag")
         if not self._waiters and self.policy.try_acquire():
             return self._clock()
         if self._queue_timeout <= 0 or len(self._waiters) >= self.queue_room:
@@ -283,7 +310,12 @@ class Admission:
         if self._metrics is not None:
             self._metrics.admission_shed.labels(reason).inc()
         p = self.policy
-        if reason == "queue_timeout":
+        if reason == "loop_lag":
+            msg = (
+                f"Overloaded: the gateway is running {self.loop_lag * 1000:.0f} ms behind "
+                f"(admission.max_loop_lag_s={self._max_lag:g}); retry later"
+            )
+        elif reason == "queue_timeout":
             msg = (
                 f"Overloaded: no request slot became free within {self._queue_timeout:g} s "
                 f"(admission.queue_timeout_s; concurrency limit {p.limit}, max_in_flight={self.max_in_flight}); "
@@ -302,7 +334,7 @@ class Admission:
 class ShedMiddleware:
     """ASGI middleware refusing ``/v1/...`` requests at once while :meth:`Admission.saturated` says they would be
     refused anyway: before the request id, the token check, the body or the routing, so a refusal under overload costs
-    as little as the HTTP server allows. Counted as shed (``queue_full``), rejected, and in ``requests_total`` as
+    as little as the HTTP server allows. Counted as shed (``queue_full`` / ``loop_lag``), rejected, and in ``requests_total`` as
     model ``_other``, api ``other``, outcome RESOURCE_EXHAUSTED / UNAVAILABLE. Without a token the answer is the same
     429 (it tells nothing about models)."""
 
@@ -312,10 +344,13 @@ class ShedMiddleware:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"][:4].lower() != "/v1/" or not self.admission.saturated():
+        reason = None
+        if scope["type"] == "http" and scope["path"][:4].lower() == "/v1/":
+            reason = self.admission.saturated()
+        if reason is None:
             await self.app(scope, receive, send)
             return
-        err = self.admission.refuse()
+        err = self.admission.refuse(reason)
         self.metrics.rejected.inc()
         self.metrics.requests.labels("_other", "", "other", err.code.name).inc()
         body = error_body(err.message)

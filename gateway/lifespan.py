@@ -216,6 +216,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if rt.positions
         else None
     )
+    lag = (
+        asyncio.create_task(rt.limiter.watch_lag(), name="loop-lag")
+        if s.admission.max_loop_lag_s > 0
+        else None
+    )
     try:
         if s.grpc_port:
             from gateway.grpc_front import GrpcFront
@@ -233,7 +238,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         )
         yield
     finally:
-        for task in (watcher, poller, health):
+        for task in (watcher, poller, health, lag):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -77,7 +77,8 @@ class Metrics:
         self.admission_shed = Counter(
             "embedgate_admission_shed",
             "requests (REST and gRPC) refused by admission control, by reason: queue_full (at the limit with the "
-            "wait queue full or off), queue_timeout (waited admission.queue_timeout_s)",
+            "wait queue full or off), queue_timeout (waited admission.queue_timeout_s), loop_lag (the event loop "
+            "ran admission.max_loop_lag_s late)",
             ["reason"],
             registry=r,
         )
@@ -92,6 +93,12 @@ class Metrics:
             "current concurrency limit of admission control (adaptive, at most max_in_flight)",
             registry=r,
             multiprocess_mode="livesum",
+        )
+        self.admission_loop_lag = Gauge(
+            "embedgate_admission_loop_lag_seconds",
+            "how late the event loop ran admission's 20 ms timer, last measurement",
+            registry=r,
+            multiprocess_mode="livemax",
         )
         self.admission_min_rtt = Gauge(
             "embedgate_admission_min_rtt_seconds",

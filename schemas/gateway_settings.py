@@ -127,6 +127,12 @@ class AdmissionSettings(_Strict):
         le=60,
         description="a request may wait this long for a slot; it is shed after (0: no queue, refused at once)",
     )
+    max_loop_lag_s: float = Field(
+        0.25,
+        ge=0,
+        description="while the event loop runs this late in three measurements in a row (every 20 ms), new requests "
+        "are refused at once (reason loop_lag); 0 = off",
+    )
     max_queue: int = Field(
         64, ge=0, description="requests waiting for a slot at once; more are refused at once"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 from starlette.types import Message, Receive, Scope, Send
@@ -298,3 +299,33 @@ async def test_shed_middleware_refuses_before_anything_reads_the_request() -> No
     assert b"max_in_flight=1" in sent[1]["body"]  # type: ignore[operator]
     assert _shed(metrics, "queue_full") == 1
     assert metrics.registry.get_sample_value("embedgate_requests_rejected_total") == 1
+
+
+async def _stall_loop(seconds: float) -> None:
+    """Block the event loop for at least ``seconds``, then let the lag watcher's overdue timer run."""
+    time.sleep(seconds)  # noqa: ASYNC251 - the point: a loop that is late
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_a_late_event_loop_sheds_new_requests_after_three_late_measurements() -> None:
+    metrics = Metrics()
+    adm = Admission(8, 429, 1, AdmissionSettings(max_loop_lag_s=0.1), metrics)
+    watcher = asyncio.create_task(adm.watch_lag())
+    try:
+        await asyncio.sleep(0)  # the watcher's first timer is set
+        for _ in range(2):
+            await _stall_loop(0.25)
+            assert adm.loop_lag >= 0.1 and adm.saturated() is None  # one or two late measurements: not yet
+        await _stall_loop(0.25)
+        assert adm.saturated() == "loop_lag"
+        with pytest.raises(
+            ResourceExhausted, match=r"running \d+ ms behind \(admission.max_loop_lag_s=0.1\)"
+        ):
+            await adm.admit()
+        assert _shed(metrics, "loop_lag") == 1  # saturated() only tells; a refusal counts
+    finally:
+        watcher.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await watcher
+    assert (metrics.registry.get_sample_value("embedgate_admission_loop_lag_seconds") or 0) >= 0.1
