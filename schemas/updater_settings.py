@@ -126,6 +126,12 @@ class UpdaterSettings(EnvOverFile, KafkaSecurityFields):
     metrics_port: int = Field(9464, ge=0, le=65535, description="Prometheus /metrics port; 0 = off")
     metrics_host: str = "127.0.0.1"
     log_level: str = "INFO"
+    expire_interval_s: float = Field(
+        60.0,
+        ge=0,
+        description="seconds between calls of the PS expire signature on every replica of models with a ttl_s "
+        "table (updater.expiry); 0 = never",
+    )
     replay_since: str | None = Field(
         None,
         description="on the first partition assignment, seek back to this time: ISO-8601, 15m/2h/90s ago, or export",

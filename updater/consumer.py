@@ -38,6 +38,7 @@ from updater.apply import ShardWriter
 from updater.catchup import CatchUpTasks
 from updater.deadletter import DeadLetterer
 from updater.errors import ConfigError
+from updater.expiry import Expirer
 from updater.ingest import RecordDecoder, Route
 from updater.kafka_security import client_kwargs
 from updater.loop import ConsumerLoop, iso_ms
@@ -126,6 +127,12 @@ class Updater:
             max_rows_per_call=settings.batch.max_rows_per_call,
             tls=settings.backend_tls,
         )
+        self._expirer = Expirer(
+            self._routes,
+            registry=self.metrics.registry,
+            deadline_s=max(30.0, settings.apply_deadline_s),
+            tls=settings.backend_tls,
+        )
         self._kafka_security = client_kwargs(settings.kafka_security())  # reads the password file now
         self._stop = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
@@ -180,6 +187,9 @@ class Updater:
         )
         self._consumer = consumer
         loop = self._compose(consumer, dlq)
+        expiry = None
+        if self._expirer.active and s.expire_interval_s > 0:  # ttl_s tables: expire on a schedule
+            expiry = asyncio.create_task(self._expirer.run(s.expire_interval_s, self._stop))
         try:
             await dlq.start()
             try:
@@ -195,6 +205,11 @@ class Updater:
             finally:
                 await consumer.stop()  # leaves the group
         finally:
+            if expiry is not None:
+                expiry.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await expiry
+            await self._expirer.close()
             await dlq.stop()
             await self._writer.close()
 

@@ -107,16 +107,19 @@ def write_slab_shard(
                 f"table {t!r}: a row element of magnitude {float(np.max(np.abs(values))):.4g} does not fit "
                 f"row_dtype float16 (largest {_FLOAT16_MAX}); use bfloat16 or float32"
             )
-        order = np.argsort(ids, kind="stable")
-        cap = max(n, 1)  # never empty: a gather needs a row to read (masked out for unknown ids)
-        slab = np.zeros((cap, spec.dim), np.float32)
-        slab[:n] = np.asarray(values, np.float32)[order]
-        module.slabs[t] = tf.Variable(
-            tf.cast(tf.constant(slab), tf.as_dtype(spec.row_dtype)),
-            shape=tf.TensorShape(None),
-            name=f"ps_slab_{t}",
-        )
-        del slab
+        ordered = bool(np.all(ids[:-1] <= ids[1:]))
+        order = np.arange(n) if ordered else np.argsort(ids, kind="stable")
+        if n:  # rows in id order (no copy when they already are), cast in numpy where it can be
+            slab = np.asarray(values, np.float32) if ordered else np.asarray(values, np.float32)[order]
+        else:
+            slab = np.zeros((1, spec.dim), np.float32)  # never empty: a gather needs a row (masked out)
+        cap = len(slab)
+        if spec.row_dtype == "bfloat16":
+            init = tf.cast(tf.constant(slab, tf.float32), tf.bfloat16)
+        else:
+            init = tf.constant(slab.astype(spec.row_dtype, copy=False))
+        module.slabs[t] = tf.Variable(init, shape=tf.TensorShape(None), name=f"ps_slab_{t}")
+        del slab, init
         # an empty table keeps one sentinel key (never matched: reserved ids are looked up as 0)
         module.keys[t] = tf.Variable(
             ids[order] if n else np.array([EMPTY_KEY], np.int64), name=f"ps_keys_{t}"

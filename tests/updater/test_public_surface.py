@@ -67,6 +67,7 @@ SURFACE = {
         "kafka_action",
     },
     "updater.metrics": {"UpdaterMetrics"},
+    "updater.expiry": {"Expirer", "expiring_tables"},
     "updater.ledger": {"OffsetLedger"},
     "updater.scheduler": {"ApplyScheduler", "Clock", "backoff_s"},
     "updater.loop": {"CatchUps", "ConsumerLoop", "Writer", "iso_ms"},
