@@ -89,7 +89,8 @@ GOODPUT: Final = 0.8
 SHED_P50_MS: Final = 10.0
 OK_P99_MS: Final = 1000.0
 PROBES_PER_POLL: Final = 1.0
-POLL_INTERVAL_S: Final = float(GatewaySettings.model_fields["health_poll_s"].default)  # the stack's poll interval
+# the flood is judged against the stack's own poll interval (the gateway default)
+POLL_INTERVAL_S: Final = float(GatewaySettings.model_fields["health_poll_s"].default)
 
 
 def _say(msg: str) -> None:
