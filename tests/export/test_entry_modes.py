@@ -56,7 +56,9 @@ def _padded_model() -> tuple[Any, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("mode", ["pooled", "unique_rows"])
-def test_mask_zero_follows_the_models_pooling_and_padded_inputs_equal_keras(tmp_path: Path, mode: str) -> None:
+def test_mask_zero_follows_the_models_pooling_and_padded_inputs_equal_keras(
+    tmp_path: Path, mode: str
+) -> None:
     from tests.export.tf1 import Tf1Artifacts
 
     model, decl = _padded_model()
@@ -95,12 +97,14 @@ def test_mask_zero_follows_the_models_pooling_and_padded_inputs_equal_keras(tmp_
             kept = drop_padding(batch, m).sparse
             assert kept["seen"].ids.tolist() == [5, 9, 13, 7, 1, 2, 3, 4, 6]
             assert kept["liked"].ids.tolist() == [3, 0, 8, 2, 4, 0]
-            got = arts.predict([{"seen": [x for x in s if x], "liked": lk} for s, lk in zip(seen, liked, strict=True)])[
-                "y"
-            ]
+            got = arts.predict(
+                [{"seen": [x for x in s if x], "liked": lk} for s, lk in zip(seen, liked, strict=True)]
+            )["y"]
     finally:
         arts.close()
-    np.testing.assert_allclose(np.asarray(got).reshape(-1), np.asarray(want).reshape(-1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(got).reshape(-1), np.asarray(want).reshape(-1), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_cli_entry_flags(tiny: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,7 +122,9 @@ def test_cli_entry_flags(tiny: Any, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main([*base, "--out", str(tmp_path / "b"), "--entry-input", "pooled"]) == 0
     assert Manifest.load(tmp_path / "b" / "tiny").entry.input_mode is EntryInputMode.POOLED
     capsys.readouterr()
-    code = main([*base, "--out", str(tmp_path / "c"), "--entry-input", "pooled", "--entry-row-dtype", "float16"])
+    code = main(
+        [*base, "--out", str(tmp_path / "c"), "--entry-input", "pooled", "--entry-row-dtype", "float16"]
+    )
     assert code != 0
     assert "entry_row_dtype float16 needs the unique_rows entry input" in capsys.readouterr().err
     assert not (tmp_path / "c" / "tiny").exists()
