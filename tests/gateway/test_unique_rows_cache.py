@@ -6,6 +6,7 @@ pooled entry would be given."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -84,7 +85,7 @@ def test_cache_on_and_off_give_the_same_unique_rows_request() -> None:
     rows = got[entry_rows_input("t")]
     # the entry's gather + mean, in numpy, equals the pooled entry's input
     idx, splits = got[entry_index_input("hist")], got[entry_splits_input("hist")]
-    mean = np.stack([rows[idx[a:b]].mean(axis=0) for a, b in zip(splits[:-1], splits[1:], strict=True)])
+    mean = np.stack([rows[idx[a:b]].mean(axis=0) for a, b in itertools.pairwise(splits)])
     want = pool(plan, answers[0], batch, pooled)
     np.testing.assert_allclose(mean, want["hist"], rtol=1e-6)
     np.testing.assert_allclose(want["hist"][0], np.array([9, 18, 27], np.float32))  # mean of 5, 9, 13
