@@ -18,6 +18,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 __all__ = ["main"]
@@ -30,6 +31,10 @@ def _best_ms(fn: Callable[[], Any], repeat: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t)
     return round(best * 1000, 3)
+
+
+def _each(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    return [fn(x) for x in items]
 
 
 def _requests(batch: int) -> dict[str, tuple[bytes, int]]:
@@ -65,9 +70,9 @@ def run(batches: list[int], repeat: int) -> dict[str, Any]:
             flat = np.frombuffer(raw, np.uint8)
             copy_ms = _best_ms(flat.copy, repeat)
             times = {
-                "parse": _best_ms(lambda raw=raw: predict_pb2.PredictRequest.FromString(raw), repeat),
-                "decode_tensor": _best_ms(lambda ts=tensors: [decode_tensor(t) for t in ts], repeat),
-                "tf_make_ndarray": _best_ms(lambda ts=tensors: [tf.make_ndarray(t) for t in ts], repeat),
+                "parse": _best_ms(partial(predict_pb2.PredictRequest.FromString, raw), repeat),
+                "decode_tensor": _best_ms(partial(_each, decode_tensor, tensors), repeat),
+                "tf_make_ndarray": _best_ms(partial(_each, tf.make_ndarray, tensors), repeat),
             }
             report[f"{form}/{b}"] = {
                 "request_bytes": len(raw),
