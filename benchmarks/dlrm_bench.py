@@ -24,7 +24,7 @@ gateway with a warm hot-row cache fed by a Kafka broker). Traffic, per batch siz
 Targets, measured interleaved (every round runs every target once, rotated order; median and spread of per-round
 ratios to ``whole``): ``whole`` and the three entry calls alone by the bare Python gRPC client
 (``benchmarks.split_client`` with no lookups, so the baseline and the entry calls share one client), the gateway over
-gRPC (ghz; cached and uncached) and REST (vegeta). Request bytes are the serialized requests' sizes. Before timing,
+gRPC (the same bare client; cached and uncached) and REST (vegeta, when ``make bench-tools`` built it). Request bytes are the serialized requests' sizes. Before timing,
 each entry's predictions are checked against the whole model's (printed as the max abs difference).
 """
 
@@ -44,7 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks.loadgen import Result, ghz, protoset, split_client, vegeta
+from benchmarks.loadgen import BIN, Result, split_client, vegeta
 from benchmarks.report import markers, write_section
 
 __all__ = ["CRITEO_CARDINALITIES", "build_dlrm", "main", "traffic"]
@@ -277,7 +277,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         served = {"dlrm_whole": tmp / "whole"}
         for name in manifests:
             served.update(exported_backends(tmp / "out" / name, shards=[] if name != "dlrm" else None))
-        proto_set = protoset(tmp / "tfs.protoset")
         with serve_local(served) as backend:
             stack = contextlib.ExitStack()
             grpc_targets = {"gateway_grpc": free_port()}
@@ -329,17 +328,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         grpc_req = _tensor_request("dlrm", cols)
                         rest = json.dumps({"inputs": {k: v.tolist() for k, v in cols.items()}}).encode()
                         secs = args.seconds
+                        # one bare Python gRPC client process (benchmarks.split_client) for the whole model, the
+                        # entry calls and the gateway's gRPC alike, so the ratios compare like with like
+                        for name in grpc_targets:
+                            files[name] = tmp / f"{name}_{kind}_{b}.bin"
+                            write_requests(files[name], [], grpc_req)
                         targets: dict[str, Callable[[], Result]] = {
-                            name: partial(split_client, backend.target, path, clients=1, seconds=secs)
+                            name: partial(
+                                split_client,
+                                f"127.0.0.1:{grpc_targets[name]}" if name in grpc_targets else backend.target,
+                                path,
+                                clients=1,
+                                seconds=secs,
+                            )
                             for name, path in files.items()
                         }
-                        for name, port in grpc_targets.items():
-                            targets[name] = partial(
-                                ghz, f"127.0.0.1:{port}", grpc_req, proto_set, clients=1, seconds=secs
+                        if (BIN / "vegeta").exists():
+                            targets["gateway_rest"] = partial(
+                                vegeta, f"{gw.url}/v1/models/dlrm:predict", rest, clients=1, seconds=secs
                             )
-                        targets["gateway_rest"] = partial(
-                            vegeta, f"{gw.url}/v1/models/dlrm:predict", rest, clients=1, seconds=secs
-                        )
                         print(
                             f"{key}: {distinct} distinct rows; diffs {diffs}; bytes {sizes}", file=sys.stderr
                         )

@@ -39,7 +39,7 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
         ["--requests", "10000", "--concurrency", "16", "--rounds", "2", "--write", "docs/benchmarks.md"],
         600.0,
     ),
-    "dlrm_bench": (["--rounds", "3", "--seconds", "3", "--write", "docs/benchmarks.md"], 1800.0),
+    "dlrm_bench": (["--rounds", "3", "--seconds", "3", "--write", "docs/benchmarks.md"], 2400.0),
     "probe_stall_bench": (
         ["--instances", "170000", "--runs", "3", "--write", "docs/benchmarks.md"],
         600.0,

@@ -49,12 +49,12 @@ def _content_view(proto: tensor_pb2.TensorProto) -> np.ndarray | None:
     """``proto``'s ``tensor_content`` as a read-only little-endian array of its shape, or None when the fast read
     does not apply (no content, a string/resource/variant dtype, unknown rank, or a byte count that is not the
     shape's)."""
-    if not proto.tensor_content or proto.tensor_shape.unknown_rank:
-        return None
     np_dtype = _NUMPY.get(proto.dtype)
-    if np_dtype is None:
+    if np_dtype is None or proto.tensor_shape.unknown_rank:
         return None
-    content = proto.tensor_content
+    content = proto.tensor_content  # protobuf copies the field each time it is read: read it once
+    if not content:
+        return None
     shape = [int(d.size) for d in proto.tensor_shape.dim]
     if len(content) != int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize:
         return None
