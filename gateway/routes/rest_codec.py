@@ -7,6 +7,9 @@ Large bodies with parse worker processes (``gateway.limits.ParsePool``): :func:`
 limits, ``signature_name``; classify/regress come back typed), then :class:`ProcessJsonInputs` types the values in a
 worker once the model is known (the body is parsed a second time there: parsed documents are not kept across calls).
 Only numpy arrays, serialized tensors and typed requests cross the process boundary, never a parsed document.
+
+Typed tensors (plain models) come from the compiled path when ``gateway.native`` answers for the raw body, else from
+the reference ``json_tensor.tensors_from_request`` (every error text is the reference's).
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from google.protobuf import json_format
 
+from gateway import native
 from gateway.codec import json_tensor as jt
 from gateway.codec.tensor import from_ndarray, to_ndarray
 from gateway.core.requests import (
@@ -59,15 +64,16 @@ class JsonInputs:
 
     typed = False
 
-    def __init__(self, doc: Mapping[str, Any], fast: bool) -> None:
+    def __init__(self, doc: Mapping[str, Any], fast: bool, body: bytes | None = None) -> None:
         self._doc = doc
         self._fast = fast  # no JSON booleans in the body: numpy may build numeric tensors (json_tensor docs)
+        self._body = body  # the raw body, for the native path (gateway.native); None: reference only
         self.format = jt.Format.ROW
 
     def tensors(self, dtypes: Mapping[str, int] | None) -> dict[str, tfs_pb2.TensorProto]:
         if dtypes is None:
             raise TypeError("JSON inputs need the signature's dtypes (typed is False)")
-        arrays, self.format = jt.tensors_from_request(self._doc, dtypes, fast=self._fast)
+        arrays, self.format = _typed_arrays(self._doc, self._body, dtypes, self._fast)
         return {k: from_ndarray(a, dtypes[k]) for k, a in arrays.items()}
 
     def features(self, manifest: Manifest) -> FeatureBatch:
@@ -115,9 +121,21 @@ def check_post(
     return parse_classify_regress(api, name, spec, doc)
 
 
+def _typed_arrays(
+    doc: Mapping[str, Any] | None, body: bytes | None, dtypes: Mapping[str, int], fast: bool
+) -> tuple[dict[str, np.ndarray], jt.Format]:
+    """The input arrays of a predict body: natively typed from ``body`` when ``gateway.native`` answers, else by the
+    reference (``doc``, or ``body`` parsed again when ``doc`` is None) which also words every error."""
+    if body is not None and (done := native.predict_tensors(body, dtypes)) is not None:
+        return done
+    if doc is None:
+        doc = jt.loads(body or b"")
+    return jt.tensors_from_request(doc, dtypes, fast=fast)
+
+
 def typed_tensors(body: bytes, dtypes: dict[str, int], fast: bool) -> tuple[dict[str, bytes], jt.Format]:
     """In a parse worker: the serialized TensorProtos of a checked predict body and its format."""
-    arrays, fmt = jt.tensors_from_request(jt.loads(body), dtypes, fast=fast)
+    arrays, fmt = _typed_arrays(None, body, dtypes, fast)
     return {k: from_ndarray(a, dtypes[k]).SerializeToString() for k, a in arrays.items()}, fmt
 
 
@@ -131,7 +149,7 @@ def parse_predict(
     name: str, spec: VersionSpec, doc: dict[str, Any], body: bytes
 ) -> tuple[PredictRequest, JsonInputs]:
     """``doc`` is ``body`` parsed (``gateway.limits.parse_json``: limits checked, off the loop when large)."""
-    inputs = JsonInputs(doc, fast=not jt.may_contain_bools(body))
+    inputs = JsonInputs(doc, fast=not jt.may_contain_bools(body), body=body)
     return PredictRequest(name, spec, jt.signature_name(doc), inputs), inputs
 
 
