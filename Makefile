@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml $(NATIVE_SRC)
 native:
 	@test -x "$(CARGO)" || command -v "$(CARGO)" >/dev/null || { echo "make native: cargo (the Rust toolchain, 1.80 or newer) is missing. Install it with: curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal   (then open a new shell or run: . \"$$HOME/.cargo/env\")" >&2; exit 1; }
 	cd native && PATH="$$(dirname $(CARGO)):$$PATH" CARGO_HOME=$(CACHE)/cargo CARGO_TARGET_DIR=$(CACHE)/cargo-target \
-	  CARGO_BUILD_JOBS=2 VIRTUAL_ENV=$(CURDIR)/$(VENV) $(CURDIR)/$(VENV)/bin/maturin develop --release --quiet
+	  CARGO_BUILD_JOBS=2 VIRTUAL_ENV=$(abspath $(VENV)) $(abspath $(VENV))/bin/maturin develop --release --quiet
 
 # The Kafka broker's jars from Maven Central, cached under .cache/kafka (git-ignored).
 kafka-jars: install
