@@ -40,6 +40,8 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
         600.0,
     ),
     "dlrm_bench": (["--rounds", "3", "--seconds", "3", "--write", "docs/benchmarks.md"], 1800.0),
+    # REST body -> typed arrays per example, compiled vs Python reference, in-process (about 30 s)
+    "native_codec_bench": (["--rounds", "5", "--seconds", "0.3", "--write", "docs/benchmarks.md"], 300.0),
     "probe_stall_bench": (
         ["--instances", "170000", "--runs", "3", "--write", "docs/benchmarks.md"],
         600.0,

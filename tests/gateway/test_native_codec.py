@@ -215,3 +215,28 @@ def test_facade_respects_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert native.path() == "native"
     got = native.predict_tensors(body, dtypes)
     assert got is not None and got[1] is jt.Format.ROW and got[0]["x"].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"instances": [{"a": [1, 2], "b": 0.5}, {"a": [3, 4], "b": 2}]}',
+        b'{"inputs": {"a": [[1, 2]], "b": [1.5]}, "signature_name": "serving_default"}',
+        b'{"instances": [{"a": [1, 2], "b": NaN}]}',
+    ],
+)
+def test_rest_predict_wiring_same_both_ways(body: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The REST predict route's typed inputs (``parse_predict`` -> ``JsonInputs.tensors``) with the native path on
+    and forced off: the same TensorProtos and format."""
+    from gateway.core.requests import VersionSpec
+    from gateway.limits import parse_document
+    from gateway.routes.rest_codec import parse_predict
+    from schemas.gateway_settings import LimitsSettings
+
+    dtypes = {"a": DT.DT_INT64, "b": DT.DT_FLOAT}
+    results = []
+    for mode in ("off", "auto"):
+        monkeypatch.setenv(native.ENV, mode)
+        _, inputs = parse_predict("m", VersionSpec(), parse_document(body, LimitsSettings()), body)
+        results.append(({k: t.SerializeToString() for k, t in inputs.tensors(dtypes).items()}, inputs.format))
+    assert results[0] == results[1]
