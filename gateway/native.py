@@ -17,13 +17,16 @@ import logging
 import os
 from collections.abc import Mapping
 from types import ModuleType
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 
 from gateway.codec.json_tensor import Format
 
-__all__ = ["ENV", "available", "path", "predict_tensors"]
+if TYPE_CHECKING:
+    from schemas.gateway_settings import LimitsSettings
+
+__all__ = ["ENV", "available", "check_predict", "path", "predict_tensors"]
 
 ENV: Final = (
     "EMBEDGATE_NATIVE"  # "off" forces the Python reference; anything else (default "auto") uses native
@@ -65,3 +68,17 @@ def predict_tensors(body: bytes, dtypes: Mapping[str, int]) -> tuple[dict[str, n
         return None
     arrays, fmt = done
     return arrays, Format(fmt)
+
+
+def check_predict(body: bytes, limits: LimitsSettings) -> str | None:
+    """The ``signature_name`` ("" when absent) of a REST predict ``body`` checked natively in one pass: strict JSON
+    (no NaN/Infinity tokens, no lone surrogates, nothing after the root object), depth, batch and per-example list
+    limits as ``gateway.limits.parse_document`` checks them. None when the native path is off or the body needs the
+    reference (which then words any error)."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return None
+    sig: str | None = mod.check_predict(
+        body, limits.max_json_depth, limits.max_instances, limits.max_ids_per_feature
+    )
+    return sig

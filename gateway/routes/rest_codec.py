@@ -50,6 +50,7 @@ __all__ = [
     "metadata_json",
     "parse_classify_regress",
     "parse_predict",
+    "parse_predict_native",
     "predict_json",
     "regress_json",
     "status_json",
@@ -64,7 +65,7 @@ class JsonInputs:
 
     typed = False
 
-    def __init__(self, doc: Mapping[str, Any], fast: bool, body: bytes | None = None) -> None:
+    def __init__(self, doc: Mapping[str, Any] | None, fast: bool, body: bytes | None = None) -> None:
         self._doc = doc
         self._fast = fast  # no JSON booleans in the body: numpy may build numeric tensors (json_tensor docs)
         self._body = body  # the raw body, for the native path (gateway.native); None: reference only
@@ -73,16 +74,26 @@ class JsonInputs:
     def tensors(self, dtypes: Mapping[str, int] | None) -> dict[str, tfs_pb2.TensorProto]:
         if dtypes is None:
             raise TypeError("JSON inputs need the signature's dtypes (typed is False)")
-        arrays, self.format = _typed_arrays(self._doc, self._body, dtypes, self._fast)
+        if self._body is not None and (done := native.predict_tensors(self._body, dtypes)) is not None:
+            arrays, self.format = done
+        else:
+            arrays, self.format = jt.tensors_from_request(self._document(), dtypes, fast=self._fast)
         return {k: from_ndarray(a, dtypes[k]) for k, a in arrays.items()}
 
     def features(self, manifest: Manifest) -> FeatureBatch:
         from gateway.features import batch_from_columns, batch_from_instances
 
-        self.format = jt.check_request_keys(self._doc)
+        doc = self._document()
+        self.format = jt.check_request_keys(doc)
         if self.format is jt.Format.ROW:
-            return batch_from_instances(self._doc["instances"], manifest)
-        return batch_from_columns(self._doc["inputs"], manifest)
+            return batch_from_instances(doc["instances"], manifest)
+        return batch_from_columns(doc["inputs"], manifest)
+
+    def _document(self) -> Mapping[str, Any]:
+        """The parsed body; parsed here (once) when the native check (:func:`parse_predict_native`) took its place."""
+        if self._doc is None:
+            self._doc = jt.loads(self._body or b"")
+        return self._doc
 
 
 class ProcessJsonInputs:
@@ -151,6 +162,19 @@ def parse_predict(
     """``doc`` is ``body`` parsed (``gateway.limits.parse_json``: limits checked, off the loop when large)."""
     inputs = JsonInputs(doc, fast=not jt.may_contain_bools(body), body=body)
     return PredictRequest(name, spec, jt.signature_name(doc), inputs), inputs
+
+
+def parse_predict_native(
+    name: str, spec: VersionSpec, body: bytes, limits: LimitsSettings
+) -> tuple[PredictRequest, JsonInputs] | None:
+    """:func:`parse_predict` in one native pass over ``body`` (strict JSON, the limits, ``signature_name``); the
+    document is parsed later only if a model needs it (features, or a body the native typing declines). None when
+    the native path is off or declines: then ``parse_document`` + :func:`parse_predict` (every error text)."""
+    sig = native.check_predict(body, limits)
+    if sig is None:
+        return None
+    inputs = JsonInputs(None, fast=not jt.may_contain_bools(body), body=body)
+    return PredictRequest(name, spec, sig, inputs), inputs
 
 
 def parse_classify_regress(

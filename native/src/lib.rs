@@ -256,6 +256,110 @@ fn predict_tensors<'py>(
     Ok(Some((out, if typed.row { "instances" } else { "inputs" })))
 }
 
+/// Deepest bracket nesting of the JSON text (the root object counts 1), brackets inside strings not counted, as
+/// `gateway.limits.json_depth` counts it: on the text, so members a later duplicate key replaces count too.
+fn raw_depth(body: &[u8]) -> usize {
+    let (mut level, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in body {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                level += 1;
+                deepest = deepest.max(level);
+            }
+            b']' | b'}' => level = level.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+fn list_len(v: &Value) -> Option<usize> {
+    match v {
+        Value::Array(items) => Some(items.len()),
+        _ => None,
+    }
+}
+
+/// `gateway.limits.check_structure`: no batch longer than `max_instances`, no per-example list longer than `max_ids`.
+fn within_counts(obj: &Map<String, Value>, max_instances: usize, max_ids: usize) -> bool {
+    let short = |v: &Value| list_len(v).is_none_or(|n| n <= max_ids);
+    for key in ["instances", "examples"] {
+        if let Some(Value::Array(items)) = obj.get(key) {
+            if items.len() > max_instances {
+                return false;
+            }
+            for item in items {
+                let ok = match item {
+                    Value::Object(m) => m.values().all(short),
+                    Value::Array(_) => short(item),
+                    _ => true,
+                };
+                if !ok {
+                    return false;
+                }
+            }
+        }
+    }
+    match obj.get("inputs") {
+        Some(Value::Array(items)) if items.len() > max_instances => return false,
+        Some(Value::Object(m)) => {
+            for column in m.values() {
+                if let Value::Array(items) = column {
+                    if items.len() > max_instances || !items.iter().all(short) {
+                        return false;
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    if let Some(Value::Object(m)) = obj.get("context") {
+        if !m.values().all(short) {
+            return false;
+        }
+    }
+    true
+}
+
+/// The `signature_name` ("" when absent) of a REST predict body that is strict JSON (no NaN/Infinity tokens, no
+/// lone surrogates, nothing after the root), a root object, and within the limits (depth, batch, per-example
+/// lists); None when the reference must check it (`gateway.limits.parse_document`), which also words the error.
+#[pyfunction]
+fn check_predict(
+    py: Python<'_>,
+    body: &[u8],
+    max_depth: usize,
+    max_instances: usize,
+    max_ids: usize,
+) -> Option<String> {
+    py.allow_threads(|| {
+        if raw_depth(body) > max_depth {
+            return None;
+        }
+        let doc: Value = serde_json::from_slice(body).ok()?;
+        let obj = doc.as_object()?;
+        if !within_counts(obj, max_instances, max_ids) {
+            return None;
+        }
+        match obj.get("signature_name") {
+            None => Some(String::new()),
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => None,
+        }
+    })
+}
+
 #[pyfunction]
 fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
@@ -265,5 +369,6 @@ fn version() -> &'static str {
 fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(predict_tensors, m)?)?;
+    m.add_function(wrap_pyfunction!(check_predict, m)?)?;
     Ok(())
 }

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from gateway import native
 from gateway.codec import json_tensor as jt
 from gateway.errors import GatewayError
+from schemas.gateway_settings import LimitsSettings
 from schemas.proto import tfs_pb2
 from tests.gateway.codec.test_tfs_json_tensor_cases import ERRORS, REQUESTS
 
@@ -240,3 +241,60 @@ def test_rest_predict_wiring_same_both_ways(body: bytes, monkeypatch: pytest.Mon
         _, inputs = parse_predict("m", VersionSpec(), parse_document(body, LimitsSettings()), body)
         results.append(({k: t.SerializeToString() for k, t in inputs.tensors(dtypes).items()}, inputs.format))
     assert results[0] == results[1]
+
+
+# ---- the one-pass check (native.check_predict vs gateway.limits.parse_document) -------------------------------------
+
+
+def _limits(depth: int, instances: int, ids: int) -> LimitsSettings:
+    return LimitsSettings(max_json_depth=depth, max_instances=instances, max_ids_per_feature=ids)
+
+
+def check_same_check(body: bytes, limits: LimitsSettings) -> bool:
+    """When the native check passes a body, the reference checks pass too and give the same signature_name."""
+    from gateway.limits import parse_document
+
+    sig = native.check_predict(body, limits)
+    if sig is None:
+        return False
+    try:
+        doc = parse_document(body, limits)
+        want = jt.signature_name(doc)
+    except GatewayError as exc:
+        raise AssertionError(
+            f"native passed a body the reference refuses ({exc.message}): {body[:200]!r}"
+        ) from None
+    assert sig == want
+    return True
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bodies(), st.integers(2, 6), st.integers(1, 5), st.integers(1, 5))
+def test_generated_bodies_checks_agree(
+    case: tuple[bytes, dict[str, int]], depth: int, n: int, ids: int
+) -> None:
+    check_same_check(case[0], _limits(depth, n, ids))
+
+
+@pytest.mark.parametrize(
+    ("body", "limits", "passes"),
+    [
+        (b'{"instances": [[1, 2], [3, 4]]}', (3, 2, 2), True),
+        (b'{"instances": [[1, 2], [3, 4]], "signature_name": "s"}', (3, 2, 2), True),
+        (b'{"instances": [[1, 2], [3, 4]]}', (2, 2, 2), False),  # depth
+        (b'{"instances": [[1, 2], [3, 4]]}', (3, 1, 2), False),  # batch
+        (b'{"instances": [[1, 2, 3]]}', (3, 2, 2), False),  # per-example list
+        (b'{"instances": [{"a": [1, 2, 3]}]}', (3, 2, 2), False),
+        (b'{"examples": [1, 2, 3]}', (3, 2, 2), False),
+        (b'{"inputs": [1, 2, 3]}', (3, 2, 2), False),
+        (b'{"inputs": {"a": [1, 2, 3]}}', (3, 2, 2), False),
+        (b'{"inputs": {"a": [[1, 2, 3]]}}', (3, 2, 2), False),
+        (b'{"inputs": {"a": [1]}, "context": {"c": [1, 2, 3]}}', (3, 2, 2), False),
+        (b'{"instances": [NaN]}', (3, 2, 2), False),
+        (b'{"instances": ["\\ud800"]}', (3, 2, 2), False),
+        (b'{"instances": [1], "signature_name": 5}', (3, 2, 2), False),
+        (b'{"instances": [1]} {}', (3, 2, 2), False),
+    ],
+)
+def test_check_limits(body: bytes, limits: tuple[int, int, int], passes: bool) -> None:
+    assert check_same_check(body, _limits(*limits)) is passes
