@@ -11,8 +11,9 @@ processes on a shared machine disturb less than wall time), and keeps the per-ex
 * ``reference``: ``json_tensor.loads`` + ``tensors_from_request`` (numpy fast path on, as the gateway runs it);
 * ``native``: ``gateway.native.predict_tensors`` (parse and type in Rust, GIL released);
 * ``wired``: what the REST predict route runs for a pass-through model today with the native path on:
-  ``limits.parse_document`` (depth/size/surrogate checks, ``signature_name``) + ``native.predict_tensors``; its
-  reference counterpart ``parse_document`` + ``tensors_from_request`` is ``wired ref``.
+  ``native.check_predict`` (strict JSON, depth/batch/per-example limits, ``signature_name``: the one pass that
+  replaces ``limits.parse_document``) + ``native.predict_tensors``; its reference counterpart ``parse_document`` +
+  ``tensors_from_request`` is ``wired ref`` (what runs with ``EMBEDGATE_NATIVE=off``).
 
 Reported: the median over rounds (min to max spread) and the ratios reference/native taken within each round.
 """
@@ -80,7 +81,7 @@ def _callables(body: bytes, limits: LimitsSettings) -> dict[str, Callable[[], An
         return done
 
     def wired() -> Any:
-        parse_document(body, limits)
+        assert native.check_predict(body, limits) is not None, "the native check left the body to the reference"
         return compiled()
 
     def wired_ref() -> Any:
