@@ -81,7 +81,9 @@ def _callables(body: bytes, limits: LimitsSettings) -> dict[str, Callable[[], An
         return done
 
     def wired() -> Any:
-        assert native.check_predict(body, limits) is not None, "the native check left the body to the reference"
+        assert native.check_predict(body, limits) is not None, (
+            "the native check left the body to the reference"
+        )
         return compiled()
 
     def wired_ref() -> Any:
