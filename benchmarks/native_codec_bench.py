@@ -12,8 +12,9 @@ processes on a shared machine disturb less than wall time), and keeps the per-ex
 * ``native``: ``gateway.native.predict_tensors`` (parse and type in Rust, GIL released);
 * ``wired``: what the REST predict route runs for a pass-through model today with the native path on:
   ``native.check_predict`` (strict JSON, depth/batch/per-example limits, ``signature_name``: the one pass that
-  replaces ``limits.parse_document``) + ``native.predict_tensors``; its reference counterpart ``parse_document`` +
-  ``tensors_from_request`` is ``wired ref`` (what runs with ``EMBEDGATE_NATIVE=off``).
+  replaces ``limits.parse_document``, keeping the parsed body) + ``native.checked_tensors``; its reference
+  counterpart ``parse_document`` + ``tensors_from_request`` is ``wired ref`` (what runs with
+  ``EMBEDGATE_NATIVE=off``).
 
 Reported: the median over rounds (min to max spread) and the ratios reference/native taken within each round.
 """
@@ -81,10 +82,9 @@ def _callables(body: bytes, limits: LimitsSettings) -> dict[str, Callable[[], An
         return done
 
     def wired() -> Any:
-        assert native.check_predict(body, limits) is not None, (
-            "the native check left the body to the reference"
-        )
-        return compiled()
+        checked = native.check_predict(body, limits)
+        assert checked is not None, "the native check left the body to the reference"
+        return native.checked_tensors(checked[1], DTYPES)
 
     def wired_ref() -> Any:
         return jt.tensors_from_request(parse_document(body, limits), DTYPES, fast=fast)

@@ -24,9 +24,11 @@ import numpy as np
 from gateway.codec.json_tensor import Format
 
 if TYPE_CHECKING:
+    from embedgate_native import CheckedBody
+
     from schemas.gateway_settings import LimitsSettings
 
-__all__ = ["ENV", "available", "check_predict", "path", "predict_tensors"]
+__all__ = ["ENV", "available", "check_predict", "checked_tensors", "path", "predict_tensors"]
 
 ENV: Final = (
     "EMBEDGATE_NATIVE"  # "off" forces the Python reference; anything else (default "auto") uses native
@@ -70,15 +72,27 @@ def predict_tensors(body: bytes, dtypes: Mapping[str, int]) -> tuple[dict[str, n
     return arrays, Format(fmt)
 
 
-def check_predict(body: bytes, limits: LimitsSettings) -> str | None:
-    """The ``signature_name`` ("" when absent) of a REST predict ``body`` checked natively in one pass: strict JSON
-    (no NaN/Infinity tokens, no lone surrogates, nothing after the root object), depth, batch and per-example list
-    limits as ``gateway.limits.parse_document`` checks them. None when the native path is off or the body needs the
-    reference (which then words any error)."""
+def check_predict(body: bytes, limits: LimitsSettings) -> tuple[str, CheckedBody] | None:
+    """The ``signature_name`` ("" when absent) of a REST predict ``body`` checked natively in one pass, and the body
+    kept parsed for :func:`checked_tensors`: strict JSON (no NaN/Infinity tokens, no lone surrogates, nothing after
+    the root object), depth, batch and per-example list limits as ``gateway.limits.parse_document`` checks them.
+    None when the native path is off or the body needs the reference (which then words any error)."""
     mod = _module()
     if mod is None or path() != "native":
         return None
-    sig: str | None = mod.check_predict(
+    done: tuple[str, CheckedBody] | None = mod.check_predict(
         body, limits.max_json_depth, limits.max_instances, limits.max_ids_per_feature
     )
-    return sig
+    return done
+
+
+def checked_tensors(
+    checked: CheckedBody, dtypes: Mapping[str, int]
+) -> tuple[dict[str, np.ndarray], Format] | None:
+    """:func:`predict_tensors` for a body :func:`check_predict` passed (typed from its parsed form, no new parse)."""
+    names = sorted(dtypes)
+    done = checked.tensors(names, [int(dtypes[n]) for n in names])
+    if done is None:
+        return None
+    arrays, fmt = done
+    return arrays, Format(fmt)

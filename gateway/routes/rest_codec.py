@@ -38,6 +38,8 @@ from gateway.limits import ParsePool, parse_document
 from schemas.proto import tfs_pb2
 
 if TYPE_CHECKING:
+    from embedgate_native import CheckedBody
+
     from gateway.features import FeatureBatch
     from schemas.gateway_settings import LimitsSettings
     from schemas.manifest import Manifest
@@ -65,16 +67,29 @@ class JsonInputs:
 
     typed = False
 
-    def __init__(self, doc: Mapping[str, Any] | None, fast: bool, body: bytes | None = None) -> None:
+    def __init__(
+        self,
+        doc: Mapping[str, Any] | None,
+        fast: bool,
+        body: bytes | None = None,
+        checked: CheckedBody | None = None,
+    ) -> None:
         self._doc = doc
         self._fast = fast  # no JSON booleans in the body: numpy may build numeric tensors (json_tensor docs)
         self._body = body  # the raw body, for the native path (gateway.native); None: reference only
+        self._checked = checked  # the body as the native check parsed it (gateway.native.check_predict)
         self.format = jt.Format.ROW
 
     def tensors(self, dtypes: Mapping[str, int] | None) -> dict[str, tfs_pb2.TensorProto]:
         if dtypes is None:
             raise TypeError("JSON inputs need the signature's dtypes (typed is False)")
-        if self._body is not None and (done := native.predict_tensors(self._body, dtypes)) is not None:
+        if self._checked is not None:
+            done = native.checked_tensors(self._checked, dtypes)
+        elif self._body is not None:
+            done = native.predict_tensors(self._body, dtypes)
+        else:
+            done = None
+        if done is not None:
             arrays, self.format = done
         else:
             arrays, self.format = jt.tensors_from_request(self._document(), dtypes, fast=self._fast)
@@ -83,6 +98,7 @@ class JsonInputs:
     def features(self, manifest: Manifest) -> FeatureBatch:
         from gateway.features import batch_from_columns, batch_from_instances
 
+        self._checked = None  # features read the Python document
         doc = self._document()
         self.format = jt.check_request_keys(doc)
         if self.format is jt.Format.ROW:
@@ -170,10 +186,11 @@ def parse_predict_native(
     """:func:`parse_predict` in one native pass over ``body`` (strict JSON, the limits, ``signature_name``); the
     document is parsed later only if a model needs it (features, or a body the native typing declines). None when
     the native path is off or declines: then ``parse_document`` + :func:`parse_predict` (every error text)."""
-    sig = native.check_predict(body, limits)
-    if sig is None:
+    done = native.check_predict(body, limits)
+    if done is None:
         return None
-    inputs = JsonInputs(None, fast=not jt.may_contain_bools(body), body=body)
+    sig, checked = done
+    inputs = JsonInputs(None, fast=not jt.may_contain_bools(body), body=body, checked=checked)
     return PredictRequest(name, spec, sig, inputs), inputs
 
 

@@ -221,10 +221,15 @@ fn from_inputs(val: &Value, names: &[String], dtypes: &[i32]) -> Option<Vec<(Vec
 
 /// Pure: the typed inputs of `body`, or None when the reference must decide.
 fn type_body(body: &[u8], names: &[String], dtypes: &[i32]) -> Option<Typed> {
+    let doc: Value = serde_json::from_slice(body).ok()?;
+    type_doc(&doc, names, dtypes)
+}
+
+/// Pure: the typed inputs of a parsed body, or None when the reference must decide.
+fn type_doc(doc: &Value, names: &[String], dtypes: &[i32]) -> Option<Typed> {
     if names.is_empty() || names.len() != dtypes.len() {
         return None;
     }
-    let doc: Value = serde_json::from_slice(body).ok()?;
     let obj = doc.as_object()?;
     if let Some(sig) = obj.get("signature_name") {
         sig.as_str()?;
@@ -248,6 +253,14 @@ fn predict_tensors<'py>(
     dtypes: Vec<i32>,
 ) -> PyResult<Option<(Bound<'py, PyDict>, &'static str)>> {
     let typed = py.allow_threads(|| type_body(body, &names, &dtypes));
+    arrays(py, typed, &names)
+}
+
+fn arrays<'py>(
+    py: Python<'py>,
+    typed: Option<Typed>,
+    names: &[String],
+) -> PyResult<Option<(Bound<'py, PyDict>, &'static str)>> {
     let Some(typed) = typed else { return Ok(None) };
     let out = PyDict::new(py);
     for (name, (shape, data)) in names.iter().zip(typed.columns) {
@@ -332,7 +345,27 @@ fn within_counts(obj: &Map<String, Value>, max_instances: usize, max_ids: usize)
     true
 }
 
-/// The `signature_name` ("" when absent) of a REST predict body that is strict JSON (no NaN/Infinity tokens, no
+/// A REST predict body that passed `check_predict`, kept parsed for typing once the model's inputs are known.
+#[pyclass(frozen, module = "embedgate_native")]
+struct CheckedBody {
+    doc: Value,
+}
+
+#[pymethods]
+impl CheckedBody {
+    /// As `predict_tensors`, from the parsed body.
+    fn tensors<'py>(
+        &self,
+        py: Python<'py>,
+        names: Vec<String>,
+        dtypes: Vec<i32>,
+    ) -> PyResult<Option<(Bound<'py, PyDict>, &'static str)>> {
+        let typed = py.allow_threads(|| type_doc(&self.doc, &names, &dtypes));
+        arrays(py, typed, &names)
+    }
+}
+
+/// The `signature_name` ("" when absent) and the parsed body of a REST predict body that is strict JSON (no NaN/Infinity tokens, no
 /// lone surrogates, nothing after the root), a root object, and within the limits (depth, batch, per-example
 /// lists); None when the reference must check it (`gateway.limits.parse_document`), which also words the error.
 #[pyfunction]
@@ -342,7 +375,7 @@ fn check_predict(
     max_depth: usize,
     max_instances: usize,
     max_ids: usize,
-) -> Option<String> {
+) -> Option<(String, CheckedBody)> {
     py.allow_threads(|| {
         if raw_depth(body) > max_depth {
             return None;
@@ -352,11 +385,12 @@ fn check_predict(
         if !within_counts(obj, max_instances, max_ids) {
             return None;
         }
-        match obj.get("signature_name") {
-            None => Some(String::new()),
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(_) => None,
-        }
+        let sig = match obj.get("signature_name") {
+            None => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => return None,
+        };
+        Some((sig, CheckedBody { doc }))
     })
 }
 
@@ -370,5 +404,6 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(predict_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(check_predict, m)?)?;
+    m.add_class::<CheckedBody>()?;
     Ok(())
 }

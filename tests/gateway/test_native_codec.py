@@ -254,9 +254,10 @@ def check_same_check(body: bytes, limits: LimitsSettings) -> bool:
     """When the native check passes a body, the reference checks pass too and give the same signature_name."""
     from gateway.limits import parse_document
 
-    sig = native.check_predict(body, limits)
-    if sig is None:
+    done = native.check_predict(body, limits)
+    if done is None:
         return False
+    sig, checked = done
     try:
         doc = parse_document(body, limits)
         want = jt.signature_name(doc)
@@ -265,6 +266,16 @@ def check_same_check(body: bytes, limits: LimitsSettings) -> bool:
             f"native passed a body the reference refuses ({exc.message}): {body[:200]!r}"
         ) from None
     assert sig == want
+    # typing the kept parse gives what typing the raw body gives, for a few signatures
+    for dtypes in ({"a": DT.DT_FLOAT}, {"a": DT.DT_INT64, "b": DT.DT_DOUBLE}, {"x": DT.DT_BOOL}):
+        from_body = native.predict_tensors(body, dtypes)
+        from_checked = native.checked_tensors(checked, dtypes)
+        assert (from_body is None) == (from_checked is None)
+        if from_body is not None and from_checked is not None:
+            assert from_body[1] is from_checked[1]
+            assert {k: (a.dtype, a.shape, a.tobytes()) for k, a in from_body[0].items()} == {
+                k: (a.dtype, a.shape, a.tobytes()) for k, a in from_checked[0].items()
+            }
     return True
 
 
