@@ -309,3 +309,21 @@ def test_generated_bodies_checks_agree(
 )
 def test_check_limits(body: bytes, limits: tuple[int, int, int], passes: bool) -> None:
     assert check_same_check(body, _limits(*limits)) is passes
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("off", "reference"), ("auto", "native")])
+async def test_startup_log_names_the_path(
+    mode: str, expected: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gateway's ``gateway started`` line says which REST codec path serves requests."""
+    from tests.gateway.conftest import app_client
+    from tests.support.ports import free_port
+
+    monkeypatch.setenv(native.ENV, mode)
+    caplog.set_level("INFO", logger="embedgate.gateway")
+    models = [{"kind": "passthrough", "name": "m", "target": f"127.0.0.1:{free_port()}"}]
+    async with app_client(models=models):
+        pass
+    started = [r for r in caplog.records if r.getMessage() == "gateway started"]
+    assert len(started) == 1
+    assert getattr(started[0], "rest_codec", None) == expected
