@@ -7,15 +7,26 @@ CACHE := $(CURDIR)/.cache
 export PIP_CACHE_DIR := $(CACHE)/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install kafka-jars deploy-tools bench-tools browser hey lint test run stop protos bench soak clean
+.PHONY: install native kafka-jars deploy-tools bench-tools browser hey lint test run stop protos bench soak clean
+
+NATIVE_SRC := native/Cargo.toml native/pyproject.toml native/embedgate_native.pyi $(wildcard native/src/*.rs)
+CARGO ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(NATIVE_SRC)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[tf,dev]'
+	$(MAKE) native
 	touch $@
+
+# The compiled hot path (native/, a Rust crate built by maturin into the module embedgate_native, used through
+# gateway/native.py). Cargo's downloads and build outputs live under .cache (git-ignored), 2 build jobs at most.
+native:
+	@test -x "$(CARGO)" || command -v "$(CARGO)" >/dev/null || { echo "make native: cargo (the Rust toolchain, 1.80 or newer) is missing. Install it with: curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal   (then open a new shell or run: . \"$$HOME/.cargo/env\")" >&2; exit 1; }
+	cd native && PATH="$$(dirname $(CARGO)):$$PATH" CARGO_HOME=$(CACHE)/cargo CARGO_TARGET_DIR=$(CACHE)/cargo-target \
+	  CARGO_BUILD_JOBS=2 VIRTUAL_ENV=$(abspath $(VENV)) $(abspath $(VENV))/bin/maturin develop --release --quiet
 
 # The Kafka broker's jars from Maven Central, cached under .cache/kafka (git-ignored).
 kafka-jars: install

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import grpc
 from fastapi import FastAPI
 
+from gateway import native
 from gateway.admission import Admission
 from gateway.auth import Authenticator
 from gateway.backends.channels import channel_credentials, open_channel
@@ -234,6 +235,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 "models": [m.name for m in s.models],
                 "targets": sorted(clients),
                 "grpc_port": rt.grpc_port,
+                "rest_codec": native.path(),  # "native" (embedgate_native) or "reference" (gateway.native)
             },
         )
         yield

@@ -7,6 +7,9 @@ Large bodies with parse worker processes (``gateway.limits.ParsePool``): :func:`
 limits, ``signature_name``; classify/regress come back typed), then :class:`ProcessJsonInputs` types the values in a
 worker once the model is known (the body is parsed a second time there: parsed documents are not kept across calls).
 Only numpy arrays, serialized tensors and typed requests cross the process boundary, never a parsed document.
+
+Typed tensors (plain models) come from the compiled path when ``gateway.native`` answers for the raw body, else from
+the reference ``json_tensor.tensors_from_request`` (every error text is the reference's).
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from google.protobuf import json_format
 
+from gateway import native
 from gateway.codec import json_tensor as jt
 from gateway.codec.tensor import from_ndarray, to_ndarray
 from gateway.core.requests import (
@@ -33,6 +38,8 @@ from gateway.limits import ParsePool, parse_document
 from schemas.proto import tfs_pb2
 
 if TYPE_CHECKING:
+    from embedgate_native import CheckedBody
+
     from gateway.features import FeatureBatch
     from schemas.gateway_settings import LimitsSettings
     from schemas.manifest import Manifest
@@ -45,6 +52,7 @@ __all__ = [
     "metadata_json",
     "parse_classify_regress",
     "parse_predict",
+    "parse_predict_native",
     "predict_json",
     "regress_json",
     "status_json",
@@ -59,24 +67,49 @@ class JsonInputs:
 
     typed = False
 
-    def __init__(self, doc: Mapping[str, Any], fast: bool) -> None:
+    def __init__(
+        self,
+        doc: Mapping[str, Any] | None,
+        fast: bool,
+        body: bytes | None = None,
+        checked: CheckedBody | None = None,
+    ) -> None:
         self._doc = doc
         self._fast = fast  # no JSON booleans in the body: numpy may build numeric tensors (json_tensor docs)
+        self._body = body  # the raw body, for the native path (gateway.native); None: reference only
+        self._checked = checked  # the body as the native check parsed it (gateway.native.check_predict)
         self.format = jt.Format.ROW
 
     def tensors(self, dtypes: Mapping[str, int] | None) -> dict[str, tfs_pb2.TensorProto]:
         if dtypes is None:
             raise TypeError("JSON inputs need the signature's dtypes (typed is False)")
-        arrays, self.format = jt.tensors_from_request(self._doc, dtypes, fast=self._fast)
+        if self._checked is not None:
+            done = native.checked_tensors(self._checked, dtypes)
+        elif self._body is not None:
+            done = native.predict_tensors(self._body, dtypes)
+        else:
+            done = None
+        if done is not None:
+            arrays, self.format = done
+        else:
+            arrays, self.format = jt.tensors_from_request(self._document(), dtypes, fast=self._fast)
         return {k: from_ndarray(a, dtypes[k]) for k, a in arrays.items()}
 
     def features(self, manifest: Manifest) -> FeatureBatch:
         from gateway.features import batch_from_columns, batch_from_instances
 
-        self.format = jt.check_request_keys(self._doc)
+        self._checked = None  # features read the Python document
+        doc = self._document()
+        self.format = jt.check_request_keys(doc)
         if self.format is jt.Format.ROW:
-            return batch_from_instances(self._doc["instances"], manifest)
-        return batch_from_columns(self._doc["inputs"], manifest)
+            return batch_from_instances(doc["instances"], manifest)
+        return batch_from_columns(doc["inputs"], manifest)
+
+    def _document(self) -> Mapping[str, Any]:
+        """The parsed body; parsed here (once) when the native check (:func:`parse_predict_native`) took its place."""
+        if self._doc is None:
+            self._doc = jt.loads(self._body or b"")
+        return self._doc
 
 
 class ProcessJsonInputs:
@@ -115,9 +148,21 @@ def check_post(
     return parse_classify_regress(api, name, spec, doc)
 
 
+def _typed_arrays(
+    doc: Mapping[str, Any] | None, body: bytes | None, dtypes: Mapping[str, int], fast: bool
+) -> tuple[dict[str, np.ndarray], jt.Format]:
+    """The input arrays of a predict body: natively typed from ``body`` when ``gateway.native`` answers, else by the
+    reference (``doc``, or ``body`` parsed again when ``doc`` is None) which also words every error."""
+    if body is not None and (done := native.predict_tensors(body, dtypes)) is not None:
+        return done
+    if doc is None:
+        doc = jt.loads(body or b"")
+    return jt.tensors_from_request(doc, dtypes, fast=fast)
+
+
 def typed_tensors(body: bytes, dtypes: dict[str, int], fast: bool) -> tuple[dict[str, bytes], jt.Format]:
     """In a parse worker: the serialized TensorProtos of a checked predict body and its format."""
-    arrays, fmt = jt.tensors_from_request(jt.loads(body), dtypes, fast=fast)
+    arrays, fmt = _typed_arrays(None, body, dtypes, fast)
     return {k: from_ndarray(a, dtypes[k]).SerializeToString() for k, a in arrays.items()}, fmt
 
 
@@ -131,8 +176,22 @@ def parse_predict(
     name: str, spec: VersionSpec, doc: dict[str, Any], body: bytes
 ) -> tuple[PredictRequest, JsonInputs]:
     """``doc`` is ``body`` parsed (``gateway.limits.parse_json``: limits checked, off the loop when large)."""
-    inputs = JsonInputs(doc, fast=not jt.may_contain_bools(body))
+    inputs = JsonInputs(doc, fast=not jt.may_contain_bools(body), body=body)
     return PredictRequest(name, spec, jt.signature_name(doc), inputs), inputs
+
+
+def parse_predict_native(
+    name: str, spec: VersionSpec, body: bytes, limits: LimitsSettings
+) -> tuple[PredictRequest, JsonInputs] | None:
+    """:func:`parse_predict` in one native pass over ``body`` (strict JSON, the limits, ``signature_name``); the
+    document is parsed later only if a model needs it (features, or a body the native typing declines). None when
+    the native path is off or declines: then ``parse_document`` + :func:`parse_predict` (every error text)."""
+    done = native.check_predict(body, limits)
+    if done is None:
+        return None
+    sig, checked = done
+    inputs = JsonInputs(None, fast=not jt.may_contain_bools(body), body=body, checked=checked)
+    return PredictRequest(name, spec, sig, inputs), inputs
 
 
 def parse_classify_regress(

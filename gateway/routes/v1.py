@@ -51,6 +51,7 @@ from gateway.routes.rest_codec import (
     metadata_json,
     parse_classify_regress,
     parse_predict,
+    parse_predict_native,
     predict_json,
     regress_json,
     status_json,
@@ -250,6 +251,8 @@ async def _read(request: Request, rt: Runtime, held: list[int]) -> bytes:
 
 def _parse_post(api: str, name: str, spec: VersionSpec, raw: bytes, limits: LimitsSettings) -> Any:
     """The typed request of a POST body (pure; on the parse threads when the body is large)."""
+    if api == "predict" and (one_pass := parse_predict_native(name, spec, raw, limits)) is not None:
+        return one_pass
     doc = parse_document(raw, limits)
     if api == "predict":
         return parse_predict(name, spec, doc, raw)

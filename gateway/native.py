@@ -1,0 +1,98 @@
+"""The only door to embedgate's compiled hot path (the Rust crate in ``native/``, module ``embedgate_native``).
+
+Which path runs: :func:`path` is ``"native"`` when the module imports and ``EMBEDGATE_NATIVE`` is not ``off``,
+else ``"reference"`` (the pure-Python code in ``gateway.codec``, which stays the reference and is what CI tests the
+native code against). The gateway logs it at startup (``"rest_codec"`` in the ``gateway started`` line).
+
+Today the native code types REST predict bodies for plain (pass-through) models: :func:`predict_tensors`. It answers
+only well-formed numeric/boolean bodies; for every other body it returns None and the caller runs the reference
+(which also words every error), so both paths give the same tensors or the same error by construction of the
+fallback, and ``tests/gateway/test_native_codec.py`` checks the tensors are the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Final, Literal
+
+import numpy as np
+
+from gateway.codec.json_tensor import Format
+
+if TYPE_CHECKING:
+    from embedgate_native import CheckedBody
+
+    from schemas.gateway_settings import LimitsSettings
+
+__all__ = ["ENV", "available", "check_predict", "checked_tensors", "path", "predict_tensors"]
+
+ENV: Final = (
+    "EMBEDGATE_NATIVE"  # "off" forces the Python reference; anything else (default "auto") uses native
+)
+log = logging.getLogger("embedgate.gateway")
+
+
+@functools.cache
+def _module() -> ModuleType | None:
+    try:
+        import embedgate_native
+    except ImportError:
+        return None
+    return embedgate_native
+
+
+def available() -> bool:
+    """Whether the compiled module is installed (``make install`` builds it)."""
+    return _module() is not None
+
+
+def path() -> Literal["native", "reference"]:
+    """``"native"`` when the compiled module is used, ``"reference"`` when not installed or forced off by the env."""
+    if os.environ.get(ENV, "auto").strip().lower() == "off" or not available():
+        return "reference"
+    return "native"
+
+
+def predict_tensors(body: bytes, dtypes: Mapping[str, int]) -> tuple[dict[str, np.ndarray], Format] | None:
+    """The signature inputs of a REST predict ``body`` typed natively, and its format; None when the native path is
+    off or leaves the body to the reference (any error, strings, ``b64``, NaN/Infinity tokens, ``-0``). The arrays
+    equal ``json_tensor.tensors_from_request(json_tensor.loads(body), dtypes)`` (dtype, shape, bytes)."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return None
+    names = sorted(dtypes)
+    done = mod.predict_tensors(body, names, [int(dtypes[n]) for n in names])
+    if done is None:
+        return None
+    arrays, fmt = done
+    return arrays, Format(fmt)
+
+
+def check_predict(body: bytes, limits: LimitsSettings) -> tuple[str, CheckedBody] | None:
+    """The ``signature_name`` ("" when absent) of a REST predict ``body`` checked natively in one pass, and the body
+    kept parsed for :func:`checked_tensors`: strict JSON (no NaN/Infinity tokens, no lone surrogates, nothing after
+    the root object), depth, batch and per-example list limits as ``gateway.limits.parse_document`` checks them.
+    None when the native path is off or the body needs the reference (which then words any error)."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return None
+    done: tuple[str, CheckedBody] | None = mod.check_predict(
+        body, limits.max_json_depth, limits.max_instances, limits.max_ids_per_feature
+    )
+    return done
+
+
+def checked_tensors(
+    checked: CheckedBody, dtypes: Mapping[str, int]
+) -> tuple[dict[str, np.ndarray], Format] | None:
+    """:func:`predict_tensors` for a body :func:`check_predict` passed (typed from its parsed form, no new parse)."""
+    names = sorted(dtypes)
+    done = checked.tensors(names, [int(dtypes[n]) for n in names])
+    if done is None:
+        return None
+    arrays, fmt = done
+    return arrays, Format(fmt)
