@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml $(NATIVE_SRC)
 # The compiled hot path (native/, a Rust crate built by maturin into the module embedgate_native, used through
 # gateway/native.py). Cargo's downloads and build outputs live under .cache (git-ignored), 2 build jobs at most.
 native:
-	@test -x "$(CARGO)" || command -v "$(CARGO)" >/dev/null || { echo "make native: cargo (the Rust toolchain, 1.80 or newer) is missing. Install it with: curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal   (then open a new shell or run: . \"$$HOME/.cargo/env\")" >&2; exit 1; }
+	@test -x "$(CARGO)" || command -v "$(CARGO)" >/dev/null || { echo "make native: cargo (the Rust toolchain, 1.80 or newer) is missing. Install it with rustup, the Rust project's installer (profile minimal), or your distribution's package (Debian: apt-get install cargo), then open a new shell" >&2; exit 1; }
 	cd native && PATH="$$(dirname $(CARGO)):$$PATH" CARGO_HOME=$(CACHE)/cargo CARGO_TARGET_DIR=$(CACHE)/cargo-target \
 	  CARGO_BUILD_JOBS=2 VIRTUAL_ENV=$(abspath $(VENV)) $(abspath $(VENV))/bin/maturin develop --release --quiet
 
