@@ -46,7 +46,7 @@ SURFACE = {
         "open_channel",
         "stub",
     },
-    "schemas.wire": {"predict_request", "predict_request_for"},
+    "schemas.wire": {"Bfloat16Bits", "bfloat16_bits", "predict_request", "predict_request_for"},
     "schemas.updater_settings": {"BatchSettings", "RetrySettings", "UpdaterSettings", "parse_replay_since"},
     "updater.apply": {
         "GroupKey",
