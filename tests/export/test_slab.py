@@ -259,3 +259,46 @@ def test_a_manifest_without_ps_layout_is_of_the_hash_layout() -> None:
     assert Manifest.model_validate({**base, "ps_layout": "slab"}).ps_layout is PsLayout.SLAB
     with pytest.raises(ValueError, match="need ps_layout 'slab'"):
         Manifest.model_validate({**base, "tables": [{"name": "t", "dim": 2, "ttl_s": 5}]})
+
+
+def test_tombstones_survive_rewrites_and_deletes_of_many_ids(tmp_path: Path) -> None:
+    """Large calls that re-create and delete the same ids again and again, against a model key by key. With a
+    tombstone removed when its id was written again (TF's ``DenseHashTable.remove``), a later lookup of that id could
+    find a stale older tombstone, and an older upsert resurrected a deleted row (seed 100 did at call 47)."""
+    spec = TableSpec(name="t", dim=DIM, default_value=-1.0)
+    pool = 2000
+    exported = np.arange(0, pool, 2, dtype=np.int64)
+    write_ps_shard(tmp_path / "1", [spec], {"t": (exported, _rows(exported))})
+    newest: dict[int, tuple[tuple[int, int], bool]] = {int(i): ((-1, -1), True) for i in exported}
+    values: dict[int, np.ndarray] = {
+        int(i): r for i, r in zip(exported.tolist(), _rows(exported), strict=True)
+    }
+    rng = np.random.default_rng(100)
+    m = Tf1Model(tmp_path / "1")
+    try:
+        for call in range(60):
+            n = int(rng.integers(1, pool))
+            ids = rng.integers(0, pool, n).astype(np.int64)
+            ts = rng.integers(0, 1000, n).astype(np.int64)
+            seqs = (np.arange(n) * 60 + call).astype(np.int64)  # unique versions
+            rows = np.stack([ids, ts, seqs, ids], 1).astype(
+                np.float32
+            )  # [id, ts, seq, id]: names its write (DIM 4)
+            upsert = bool(rng.random() < 0.65)
+            if upsert:
+                m.run("upsert_t", _w(ids, ts, seqs, values=rows))
+            else:
+                m.run("delete_t", _w(ids, ts, seqs))
+            for j, (i, t_, s_) in enumerate(zip(ids.tolist(), ts.tolist(), seqs.tolist(), strict=True)):
+                if i not in newest or (t_, s_) > newest[i][0]:
+                    newest[i] = ((t_, s_), upsert)
+                    if upsert:
+                        values[i] = rows[j]
+        probe = np.arange(pool, dtype=np.int64)
+        got = _lookup(m, probe)
+    finally:
+        m.close()
+    for i in probe.tolist():
+        live = newest.get(i, ((-1, -1), False))[1]
+        want = values[i] if live else np.full(DIM, -1.0, np.float32)
+        np.testing.assert_array_equal(got[i], want, err_msg=f"id {i}")
