@@ -361,7 +361,7 @@ def _export(args: argparse.Namespace) -> int:
         outs = ", ".join(f"{k} {v:.3g}" for k, v in rep.output_error.items())
         rows = ", ".join(f"{k} {v:.3g}" for k, v in rep.row_error.items())
         print(
-            f"self-check: largest abs error vs the trained model: outputs {outs}; rows {rows} "
+            f"self-check: largest prediction error against the model: outputs {outs}; rows {rows} "
             f"(tolerance rtol {rep.tolerance[0]:g}, atol {rep.tolerance[1]:g} x max(1, |output|))"
         )
     return 0
