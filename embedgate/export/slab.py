@@ -359,6 +359,18 @@ def _locked(body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {k: tf.identity(v) for k, v in out.items()}
 
 
+def _write_result(tab: _Table, applied_ids: Any, previous: Any, ops: list[Any]) -> dict[str, Any]:
+    """The outputs of ``upsert_<t>`` / ``delete_<t>``, computed after every op of the write."""
+    import tensorflow as tf
+
+    with tf.control_dependencies(ops):
+        return {
+            "rows": tab.count.read_value(),
+            "applied": tf.size(applied_ids, out_type=tf.int64),
+            "stream_previous": tf.identity(previous),
+        }
+
+
 def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
     import tensorflow as tf
 
@@ -425,12 +437,7 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
                         )
                     )
                 previous = advance_positions(tab.position, stream_partitions, stream_offsets, stream_expected)
-                with tf.control_dependencies(ops):
-                    return {
-                        "rows": tab.count.read_value(),
-                        "applied": tf.size(keep, out_type=tf.int64),
-                        "stream_previous": tf.identity(previous),
-                    }
+                return _write_result(tab, keep, previous, ops)
 
             return _locked(body)
 
@@ -449,12 +456,7 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
                 gone, _, stamps, slot = applicable(tab, ids, timestamps_ms, seqs)
                 ops = tab.forget(gone, tf.boolean_mask(slot, slot >= 0), stamps)
                 previous = advance_positions(tab.position, stream_partitions, stream_offsets, stream_expected)
-                with tf.control_dependencies(ops):
-                    return {
-                        "rows": tab.count.read_value(),
-                        "applied": tf.size(gone, out_type=tf.int64),
-                        "stream_previous": tf.identity(previous),
-                    }
+                return _write_result(tab, gone, previous, ops)
 
             return _locked(body)
 
