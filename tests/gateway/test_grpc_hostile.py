@@ -23,7 +23,6 @@ import functools
 import json
 import os
 import re
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from gateway.grpc_front import messages as messages_module
 from gateway.grpc_front import servicer as servicer_module
 from schemas.proto import tfs_pb2
 from tests.gateway.conftest import passthrough_models
+from tests.support import gates
 from tests.support.gateway import run_gateway
 from tests.support.ports import free_port
 
@@ -424,24 +424,8 @@ def gated_check_message(gate: str, *args: Any) -> int:
     """``check_message`` as the parse worker runs it, held until the test creates ``<gate>/go`` (bounded wait).
 
     Writes the worker's pid to ``<gate>/started`` first. Module-level: the worker process imports it by name."""
-    d = Path(gate)
-    (d / "started").write_text(str(os.getpid()), encoding="utf-8")
-    end = time.monotonic() + _WAIT_S
-    while not (d / "go").exists():
-        if time.monotonic() > end:
-            raise TimeoutError("the test never released the parse worker")
-        time.sleep(0.01)
+    gates.hold(gate, _WAIT_S)
     return messages_module.check_message(*args)
-
-
-async def _wait_for(path: Path) -> str:
-    end = time.monotonic() + _WAIT_S
-    while not path.exists() or not path.read_text(encoding="utf-8"):
-        assert time.monotonic() < end, (
-            f"{path.name} never appeared: the message did not reach the parse worker"
-        )
-        await asyncio.sleep(0.01)
-    return path.read_text(encoding="utf-8")
 
 
 async def test_large_message_is_checked_off_the_event_loop(
@@ -473,7 +457,7 @@ async def test_large_message_is_checked_off_the_event_loop(
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as http,
     ):
         task = asyncio.ensure_future(channel.unary_unary(_REGRESS)(big, timeout=_WAIT_S))
-        pid = await _wait_for(tmp_path / "started")
+        pid = await gates.reached(tmp_path / "started", "the message", _WAIT_S)
         assert int(pid) != os.getpid(), "the message was checked in the gateway's own process"
         health = await asyncio.wait_for(http.get("/healthz"), _WAIT_S)
         assert health.status_code == 200

@@ -29,6 +29,7 @@ from gateway.errors import Unavailable
 from gateway.routes import rest_codec, v1
 from tests.gateway.conftest import app_client
 from tests.gateway.fake_backend import FakeBackend, fake_backend
+from tests.support import gates
 from tests.support.gateway import GatewayProc, run_gateway
 from tests.support.ports import free_port
 
@@ -173,24 +174,8 @@ def gated_check_post(gate: str, *args: Any) -> Any:
 
     Writes the worker's pid to ``<gate>/started`` first. Module-level: the worker process imports it by name.
     """
-    d = Path(gate)
-    (d / "started").write_text(str(os.getpid()), encoding="utf-8")
-    end = time.monotonic() + _WAIT_S
-    while not (d / "go").exists():
-        if time.monotonic() > end:
-            raise TimeoutError("the test never released the parse worker")
-        time.sleep(0.01)
+    gates.hold(gate, _WAIT_S)
     return rest_codec.check_post(*args)
-
-
-async def _wait_for_file(path: Path) -> str:
-    end = time.monotonic() + _WAIT_S
-    while not path.exists() or not path.read_text(encoding="utf-8"):
-        assert time.monotonic() < end, (
-            f"{path.name} never appeared: the request did not reach the parse worker"
-        )
-        await asyncio.sleep(0.01)
-    return path.read_text(encoding="utf-8")
 
 
 async def test_healthz_answers_while_a_big_request_is_in_the_parse_worker(
@@ -203,7 +188,7 @@ async def test_healthz_answers_while_a_big_request_is_in_the_parse_worker(
     body = json.dumps({"instances": xs}).encode()
     async with make_client(limits={"parse_processes": 1, "max_instances": 100_000}) as gw:
         big = asyncio.create_task(gw.post("/v1/models/half:predict", content=body))
-        pid = await _wait_for_file(tmp_path / "started")
+        pid = await gates.reached(tmp_path / "started", "the request", _WAIT_S)
         assert int(pid) != os.getpid(), "the body was parsed in the gateway's own process"
         health = await asyncio.wait_for(gw.get("/healthz"), _WAIT_S)
         assert health.status_code == 200
