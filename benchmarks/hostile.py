@@ -1087,6 +1087,8 @@ async def overload(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
                 workers = int(min(3000, max(workers, 3 * rate)))
             return _ghz(st, payload, protoset, rate, secs, workers)
 
+        await asyncio.to_thread(run, 0, 2.0, 16)  # warm-up (first requests, connections, the adaptive limit)
+        await asyncio.sleep(1)
         codes, _ = await asyncio.to_thread(run, 0, cap_s, 16)
         before = _capacity(codes, cap_s)
         _say(f"{front} capacity {before:.0f}/s ({_hist(codes)})")

@@ -231,14 +231,28 @@ class Admission:
     def saturated(self) -> str | None:
         """Why a request arriving now would be refused at once (``loop_lag``; ``queue_full``: no free slot and the
         queue full or off), or None. Notes the contention in the policy, as a refused :meth:`admit` would."""
-        if self._max_lag > 0 and self._lagging:
+        reason = self._reason()
+        if reason is not None:
             self.policy.note_contention()
+        return reason
+
+    def refusal_from_thread(self, loop: asyncio.AbstractEventLoop) -> GatewayError | None:
+        """:meth:`saturated` for a caller on another thread (the gRPC front's I/O thread): the refusal (counted as
+        shed) of a request arriving now, or None. Only reads this object's state (a snapshot at most one request old);
+        the contention is noted on ``loop``, the loop this object belongs to."""
+        reason = self._reason()
+        if reason is None:
+            return None
+        loop.call_soon_threadsafe(self.policy.note_contention)
+        return self._shed(reason)
+
+    def _reason(self) -> str | None:
+        if self._max_lag > 0 and self._lagging:
             return "loop_lag"
         if not self._waiters and self.policy.has_room():
             return None
         if self._queue_timeout > 0 and len(self._waiters) < self.queue_room:
             return None
-        self.policy.note_contention()
         return "queue_full"
 
     def refuse(self, reason: str) -> GatewayError:

@@ -91,6 +91,15 @@ class Call:
         self.admitted = True
         self._metrics.in_flight.inc()
 
+    def release(self, ok: bool) -> None:
+        """Give the slot back, if held (on the limiter's event loop); ``ok``: the request was answered OK, so its
+        round trip is a sample of the adaptive limit."""
+        if not self.admitted or self._limiter is None or self._metrics is None:
+            return
+        self.admitted = False
+        self._limiter.release(self._admitted_at if ok else None)
+        self._metrics.in_flight.dec()
+
 
 @dataclass
 class Runtime:
@@ -120,13 +129,16 @@ class Runtime:
     )  # the health poller's last result (/readyz, gRPC Health)
 
     @contextmanager
-    def track(self, *, admit: bool = True) -> Iterator[Call]:
+    def track(self, *, admit: bool = True, release: bool = True) -> Iterator[Call]:
         """Record one request's metrics when the block ends; with ``admit`` take its ``max_in_flight`` slot first
-        (raises when full), else the front calls ``call.admit()`` itself (REST: once the body is in).
+        (raises when full), else the front calls ``call.admit()`` itself (REST: once the body is in). With
+        ``release`` the slot is given back when the block ends; else the front gives it back itself
+        (``call.release``; the gRPC front, whose block runs on another thread than the limiter's loop).
 
         The outcome is ``OK``, the GatewayError's code name, ``INTERNAL`` for any other exception, ``CANCELLED`` when
         the task is cancelled (every exception is re-raised; a cancellation, e.g. a gRPC client that cancelled or whose
-        deadline passed, is logged at INFO without a traceback). Task-safe within one event loop.
+        deadline passed, is logged at INFO without a traceback). Task-safe within one event loop; without ``admit`` and
+        ``release`` also from another thread (it then only counts, with thread-safe metrics).
         """
         call = Call(_limiter=self.limiter, _metrics=self.metrics)
         start = time.perf_counter()
@@ -146,9 +158,8 @@ class Runtime:
             log.info("request cancelled", extra={"api": call.api, "model": clip(call.model)})
             raise
         finally:
-            if call.admitted:  # an OK answer's round trip is a sample of the adaptive limit
-                self.limiter.release(call._admitted_at if outcome == "OK" else None)
-                self.metrics.in_flight.dec()
+            if release:
+                call.release(outcome == "OK")
             label = call.model if call.model in self.model_names else "_other"
             self.metrics.requests.labels(label, call.version, call.api, outcome).inc()
             if call.degraded is not None and outcome == "OK":

@@ -1,7 +1,7 @@
 """The gateway's gRPC server (``grpc_port``): TF Serving's services plus the standard gRPC health service.
 
-Started and stopped by the app lifespan, in uvicorn's event loop (``grpc.aio``), so REST and gRPC share one
-``Runtime``: the same gateway core, limiter and metrics.
+Started and stopped by the app lifespan (``grpc.aio``, on an event loop and thread of its own: :class:`GrpcFront`);
+REST and gRPC share one ``Runtime``: the same gateway core, limiter and metrics, on uvicorn's event loop.
 
 Health (``grpc.health.v1.Health``): the services ``""``, ``tensorflow.serving.PredictionService`` and
 ``tensorflow.serving.ModelService`` are SERVING when every configured model is ready, each configured model name has
@@ -14,8 +14,11 @@ open). Shutdown sets every status to NOT_SERVING first.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any, Final
+import threading
+from collections.abc import Coroutine
+from typing import Any, Final, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -34,6 +37,7 @@ MIN_PENDING_CALLS: Final = 20_000
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _STATUS: Final = {s.value[0]: s for s in grpc.StatusCode}
+_T = TypeVar("_T")
 
 
 class _Health(health.aio.HealthServicer):  # type: ignore[misc]
@@ -44,11 +48,11 @@ class _Health(health.aio.HealthServicer):  # type: ignore[misc]
         self._rt = rt
         self._server_status[""] = _NOT_SERVING
 
-    async def update(self, state: Readiness) -> None:
-        """Statuses from the last readiness poll (a :class:`Readiness` listener)."""
-        for name, reason in state.models.items():
+    async def update(self, models: dict[str, str], ready: bool) -> None:
+        """Statuses from the last readiness poll (``Readiness.models`` and ``.ready``, copied on the gateway's loop)."""
+        for name, reason in models.items():
             await self.set(name, _SERVING if reason == "ok" else _NOT_SERVING)
-        overall = _SERVING if state.ready else _NOT_SERVING
+        overall = _SERVING if ready else _NOT_SERVING
         for service in OPEN_SERVICES:
             await self.set(service, overall)
 
@@ -80,11 +84,27 @@ def pending_calls(max_in_flight: int) -> int:
 
 
 class GrpcFront:
-    """One ``grpc.aio`` server on ``host:grpc_port``; :meth:`start` / :meth:`stop` inside the running loop."""
+    """One ``grpc.aio`` server on ``host:grpc_port``, on its own event loop in its own thread (``embedgate-grpc``).
+
+    Why a thread of its own: ``grpc.aio`` takes new calls from its core one at a time, each a turn of the event loop
+    it runs on. On the gateway's loop, busy with the requests in flight, calls then waited seconds in gRPC's queue
+    before the gateway saw them (even to refuse them) under overload. On its own loop the server takes calls as fast
+    as they arrive, checks the token and refuses overload there; the rest of each call runs on the gateway's loop
+    (see ``gateway.grpc_front.servicer``). :meth:`start` / :meth:`stop` are called from the gateway's loop.
+    """
 
     def __init__(self, rt: Runtime) -> None:
-        s = rt.settings
         self._rt = rt
+        self._address = f"{rt.settings.host}:{rt.settings.grpc_port}"
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health: _Health | None = None
+
+    def _build(self, core_loop: asyncio.AbstractEventLoop) -> None:
+        """The server and its services (on the gRPC loop)."""
+        s = self._rt.settings
         # Requests are client bodies (max_body_bytes, as over REST); answers relay backend answers (the size the
         # backend channels accept).
         # Calls gRPC has accepted but not yet handed to the gateway wait in its core's queue; past its default
@@ -100,22 +120,69 @@ class GrpcFront:
                 ("grpc.server.max_pending_requests_hard_limit", pending),
             ]
         )
-        self._server.add_generic_rpc_handlers(generic_handlers(rt))
-        self._health = _Health(rt)
+        self._server.add_generic_rpc_handlers(generic_handlers(self._rt, core_loop))
+        self._health = _Health(self._rt)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        self._address = f"{s.host}:{s.grpc_port}"
-        self.port = 0
+
+    async def _start_here(
+        self, core_loop: asyncio.AbstractEventLoop, models: dict[str, str], ready: bool
+    ) -> int:
+        self._build(core_loop)
+        assert self._server is not None and self._health is not None
+        port: int = self._server.add_insecure_port(self._address)
+        if port == 0:
+            raise RuntimeError(f"cannot listen for gRPC on {self._address}")
+        await self._health.update(models, ready)
+        await self._server.start()
+        return port
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _on_grpc_loop(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        assert self._loop is not None
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    async def _update_health(self, state: Readiness) -> None:
+        """A :class:`Readiness` listener (on the gateway's loop): the statuses set on the gRPC loop."""
+        if self._health is not None:
+            await self._on_grpc_loop(self._health.update(dict(state.models), state.ready))
 
     async def start(self) -> None:
-        self.port = self._server.add_insecure_port(self._address)
-        if self.port == 0:
-            raise RuntimeError(f"cannot listen for gRPC on {self._address}")
-        await self._health.update(self._rt.readiness)
-        self._rt.readiness.subscribe(self._health.update)
-        await self._server.start()
+        core_loop = asyncio.get_running_loop()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._run, args=(self._loop,), name="embedgate-grpc", daemon=True
+        )
+        self._thread.start()
+        try:
+            state = self._rt.readiness
+            self.port = await self._on_grpc_loop(self._start_here(core_loop, dict(state.models), state.ready))
+        except BaseException:
+            await self._close_loop()
+            raise
+        self._rt.readiness.subscribe(self._update_health)
         log.info("grpc started", extra={"address": self._address})
 
     async def stop(self, grace: float = 5.0) -> None:
-        self._rt.readiness.unsubscribe(self._health.update)
+        self._rt.readiness.unsubscribe(self._update_health)
+        if self._server is not None and self._health is not None:
+            await self._on_grpc_loop(self._stop_here(grace))
+        await self._close_loop()
+
+    async def _stop_here(self, grace: float) -> None:
+        assert self._server is not None and self._health is not None
         await self._health.enter_graceful_shutdown()
         await self._server.stop(grace)
+
+    async def _close_loop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.to_thread(self._thread.join, 10.0)
+        self._loop = None
+        self._thread = None

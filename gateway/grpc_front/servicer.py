@@ -44,7 +44,7 @@ from gateway.errors import (
     public_message,
 )
 from gateway.grpc_front.messages import Parsed, check_message, parse_message
-from gateway.lifespan import Runtime
+from gateway.lifespan import Call, Runtime
 from gateway.limits import offload, parse_pool, release_memory, request_scope
 from schemas.proto import tfs_pb2
 
@@ -150,10 +150,16 @@ def _relayed(wire: bytes, name: str, signature: str) -> bytes:
 
 
 class _Servicer:
-    """The five RPCs; each reads and parses its message (:meth:`_serve`), calls the core once and encodes."""
+    """The five RPCs; each reads and parses its message (:meth:`_serve`), calls the core once and encodes.
 
-    def __init__(self, rt: Runtime) -> None:
+    Two event loops: the gRPC server's own (``grpc_front.server``: its I/O thread, where :meth:`_serve` runs, the
+    token is checked, overload refused and the message read) and the gateway's (``core_loop``: uvicorn's, where
+    admission, parsing and the gateway core run, shared with REST).
+    """
+
+    def __init__(self, rt: Runtime, core_loop: asyncio.AbstractEventLoop) -> None:
         self.rt = rt
+        self.core_loop = core_loop
 
     async def _serve(
         self,
@@ -167,13 +173,13 @@ class _Servicer:
 
         Order (each step refuses before the next costs anything): the token is checked from the metadata before a
         byte of the message is read (a caller without one is refused with the message unread, see
-        :func:`generic_handlers`); then the in-flight slot; the message is read only when the buffered-bytes budget
-        has room, within ``limits.body_timeout_s``, and its size reserved in the budget shared with REST
-        (RESOURCE_EXHAUSTED above ``limits.max_buffered_bytes``); it is parsed and checked
-        (:func:`~gateway.grpc_front.messages.parse_message`; on a parse worker when large), the token checked for
-        its model, and what its tensors decode to beyond its size reserved too. Large messages run in a request
-        scope (``gateway.limits.request_scope``): parsing, planning and encoding go to the parse threads. Errors
-        abort the call with their code; a degraded reason is sent as the trailing metadata ``x-embedgate-degraded``.
+        :func:`generic_handlers`); then, while admission would refuse any request (``Admission.saturated``: no slot
+        and the queue full, or the gateway's loop lagging), the call is refused here at once, on the gRPC thread, so
+        a busy gateway loop never delays a refusal; the message is read only when the buffered-bytes budget has
+        room, within ``limits.body_timeout_s``, and its size reserved in the budget shared with REST
+        (RESOURCE_EXHAUSTED above ``limits.max_buffered_bytes``). The rest runs on the gateway's loop
+        (:meth:`_core`). Errors abort the call with their code; a degraded reason is sent as the trailing metadata
+        ``x-embedgate-degraded``.
         """
         rt = self.rt
         left = context.time_remaining()
@@ -181,24 +187,21 @@ class _Servicer:
         deadline = time.monotonic() + timeout
         held = [0]  # bytes reserved in rt.buffered, released at the end
         try:
-            with rt.track(admit=False) as call:
+            with rt.track(admit=False, release=False) as call:
                 call.api = api
                 authorization = _authorization(context)
                 if rt.auth is not None:  # the same bearer tokens as REST, from the `authorization` metadata
                     rt.auth.check(authorization, None)  # several values: refused
-                await call.admit_queued()
+                refusal = rt.limiter.refusal_from_thread(self.core_loop)
+                if refusal is not None:
+                    rt.metrics.rejected.inc()
+                    raise refusal
                 raw = await self._read(context, held)
-                with request_scope(rt.settings.limits, rt.executor, len(raw), rt.procs):
-                    parsed = await self._parse(kind, raw)
-                    call.model = parsed.message.model_spec.name
-                    if rt.auth is not None:
-                        rt.auth.check(authorization, call.model)
-                    self._reserve(max(0, parsed.decoded_bytes - len(raw)), held)
-                    resp, version, degraded = await fn(parsed.message, raw, deadline)
-                del raw, parsed
-                call.version = "" if version is None else str(version)
+                work = self._core(call, kind, raw, authorization, deadline, fn)
+                resp, degraded = await asyncio.wrap_future(
+                    asyncio.run_coroutine_threadsafe(work, self.core_loop)
+                )
                 if degraded is not None:
-                    call.degraded = degraded
                     context.set_trailing_metadata(((DEGRADED_METADATA_KEY, degraded),))
                 return resp
         except GatewayError as exc:
@@ -215,6 +218,43 @@ class _Servicer:
                         rt.executor.submit(release_memory, held[0])
         await context.abort(code, message)
         raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+    async def _core(
+        self,
+        call: Call,
+        kind: type[_Req],
+        raw: bytes,
+        authorization: list[str],
+        deadline: float,
+        fn: Callable[[_Req, bytes, float], Awaitable[tuple[bytes, int | None, str | None]]],
+    ) -> tuple[bytes, str | None]:
+        """On the gateway's loop: the admission slot (waiting in its queue when none is free; given back here, on
+        this loop, when the call ends), the message parsed and checked
+        (:func:`~gateway.grpc_front.messages.parse_message`; on a parse worker when large), the token checked for
+        its model, what its tensors decode to beyond its size reserved too (given back here), then ``fn``. Large messages run in a
+        request scope (``gateway.limits.request_scope``): parsing, planning and encoding go to the parse threads.
+        Returns the reply and the degraded reason (or None); fills in ``call``."""
+        rt = self.rt
+        ok = False
+        extra = [0]  # decoded bytes beyond the message's size, reserved in rt.buffered
+        try:
+            await call.admit_queued()
+            with request_scope(rt.settings.limits, rt.executor, len(raw), rt.procs):
+                parsed = await self._parse(kind, raw)
+                call.model = parsed.message.model_spec.name
+                if rt.auth is not None:
+                    rt.auth.check(authorization, call.model)
+                self._reserve(max(0, parsed.decoded_bytes - len(raw)), extra)
+                resp, version, degraded = await fn(parsed.message, raw, deadline)
+            del raw, parsed
+            call.version = "" if version is None else str(version)
+            call.degraded = degraded
+            ok = True
+            return resp, degraded
+        finally:
+            call.release(ok)
+            if extra[0]:
+                rt.buffered.release(extra[0])
 
     def _reserve(self, n: int, held: list[int]) -> None:
         if n:
@@ -360,9 +400,10 @@ def _raw_handler(fn: Any) -> grpc.RpcMethodHandler:
     return grpc.stream_unary_rpc_method_handler(fn)
 
 
-def generic_handlers(rt: Runtime) -> tuple[grpc.GenericRpcHandler, ...]:
-    """Handlers for TF Serving's PredictionService and ModelService.GetModelStatus, answered by ``rt``'s gateway."""
-    s = _Servicer(rt)
+def generic_handlers(rt: Runtime, core_loop: asyncio.AbstractEventLoop) -> tuple[grpc.GenericRpcHandler, ...]:
+    """Handlers for TF Serving's PredictionService and ModelService.GetModelStatus, answered by ``rt``'s gateway
+    (whose event loop is ``core_loop``; the handlers run on the gRPC server's)."""
+    s = _Servicer(rt, core_loop)
     prediction = grpc.method_handlers_generic_handler(
         PREDICTION_SERVICE,
         {

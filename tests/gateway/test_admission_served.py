@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,60 @@ def test_a_burst_over_the_limit_is_shed_with_clear_answers_and_counted(tmp_path:
             # admitted requests after the burst still succeed
             ok = httpx.post(f"{gw.url}/v1/models/m:predict", json={"instances": [1.0]}, timeout=_WAIT_S)
             assert ok.status_code == 200, ok.text
+
+
+def test_grpc_overload_is_refused_while_the_gateway_loop_is_blocked() -> None:
+    """The gRPC front refuses on its own thread: with the only slot held and no queue, a second call is answered
+    RESOURCE_EXHAUSTED while the gateway's event loop is blocked (in-process gateway, real gRPC on 127.0.0.1).
+
+    The loop is blocked by joining the thread that makes the second call, so that call can only be answered from the
+    gRPC server's own thread; if the refusal needed the gateway's loop, it would end DEADLINE_EXCEEDED instead."""
+    from gateway.app import create_app
+    from schemas.deployment import PassthroughModel
+    from schemas.gateway_settings import GatewaySettings
+
+    result: dict[str, grpc.StatusCode] = {}
+    req = tfs_pb2.GetModelMetadataRequest(
+        model_spec=tfs_pb2.ModelSpec(name="m"), metadata_field=["signature_def"]
+    )
+
+    def second_call(target: str) -> None:
+        with grpc.insecure_channel(target) as channel:
+            call = channel.unary_unary(
+                _METADATA, request_serializer=tfs_pb2.GetModelMetadataRequest.SerializeToString
+            )
+            try:
+                call(req, timeout=_WAIT_S)
+                result["code"] = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                result["code"] = exc.code()
+
+    async def scenario(backend: FakeBackend) -> None:
+        settings = GatewaySettings(
+            models=[PassthroughModel(name="m", target=backend.target)],
+            host="127.0.0.1",
+            grpc_port=free_port(),
+            max_in_flight=1,
+            admission={"queue_timeout_s": 0, "max_loop_lag_s": 0},
+        )
+        app = create_app(settings)
+        async with app.router.lifespan_context(app):
+            target = f"127.0.0.1:{app.state.runtime.grpc_port}"
+            async with grpc.aio.insecure_channel(target) as channel:
+                first = channel.unary_unary(
+                    _METADATA, request_serializer=tfs_pb2.GetModelMetadataRequest.SerializeToString
+                )(req, timeout=_WAIT_S)
+                assert await asyncio.to_thread(backend.metadata_started.wait, _WAIT_S)
+                assert app.state.runtime.limiter.current == 1  # the only slot is held at the backend
+                caller = threading.Thread(target=second_call, args=(target,))
+                caller.start()
+                caller.join(
+                    _WAIT_S + 10
+                )  # blocks this loop, the gateway's, until the second call has its answer
+                backend.release.set()
+                await first
+
+    with fake_backend() as backend:
+        backend.hold_metadata = True
+        asyncio.run(scenario(backend))
+    assert result.get("code") == grpc.StatusCode.RESOURCE_EXHAUSTED, result
