@@ -246,6 +246,10 @@ class Admission:
         loop.call_soon_threadsafe(self.policy.note_contention)
         return self._shed(reason)
 
+    def refuse_from_thread(self, reason: str) -> GatewayError:
+        """:meth:`refuse` for a caller on another thread (metrics are thread-safe; nothing else is touched)."""
+        return self._shed(reason)
+
     def _reason(self) -> str | None:
         if self._max_lag > 0 and self._lagging:
             return "loop_lag"
@@ -334,6 +338,10 @@ class Admission:
                 f"Overloaded: no request slot became free within {self._queue_timeout:g} s "
                 f"(admission.queue_timeout_s; concurrency limit {p.limit}, max_in_flight={self.max_in_flight}); "
                 "retry later"
+            )
+        elif reason == "receiving":
+            msg = (
+                f"Too many requests being received at once: {self.max_in_flight} (max_in_flight); retry later"
             )
         else:
             msg = (

@@ -78,7 +78,7 @@ class Metrics:
             "embedgate_admission_shed",
             "requests (REST and gRPC) refused by admission control, by reason: queue_full (at the limit with the "
             "wait queue full or off), queue_timeout (waited admission.queue_timeout_s), loop_lag (the event loop "
-            "ran admission.max_loop_lag_s late)",
+            "ran admission.max_loop_lag_s late), receiving (gRPC: max_in_flight messages being read at once)",
             ["reason"],
             registry=r,
         )

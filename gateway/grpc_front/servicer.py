@@ -160,6 +160,7 @@ class _Servicer:
     def __init__(self, rt: Runtime, core_loop: asyncio.AbstractEventLoop) -> None:
         self.rt = rt
         self.core_loop = core_loop
+        self._receiving = 0  # calls whose message is being read (on the gRPC loop only)
 
     async def _serve(
         self,
@@ -175,7 +176,8 @@ class _Servicer:
         byte of the message is read (a caller without one is refused with the message unread, see
         :func:`generic_handlers`); then, while admission would refuse any request (``Admission.saturated``: no slot
         and the queue full, or the gateway's loop lagging), the call is refused here at once, on the gRPC thread, so
-        a busy gateway loop never delays a refusal; the message is read only when the buffered-bytes budget has
+        a busy gateway loop never delays a refusal (as it is when ``max_in_flight`` messages are being read at
+        once: reason ``receiving``); the message is read only when the buffered-bytes budget has
         room, within ``limits.body_timeout_s``, and its size reserved in the budget shared with REST
         (RESOURCE_EXHAUSTED above ``limits.max_buffered_bytes``). The rest runs on the gateway's loop
         (:meth:`_core`). Errors abort the call with their code; a degraded reason is sent as the trailing metadata
@@ -196,7 +198,14 @@ class _Servicer:
                 if refusal is not None:
                     rt.metrics.rejected.inc()
                     raise refusal
-                raw = await self._read(context, held)
+                if self._receiving >= rt.limiter.max_in_flight:  # messages being read: bounded as in flight
+                    rt.metrics.rejected.inc()
+                    raise rt.limiter.refuse_from_thread("receiving")
+                self._receiving += 1
+                try:
+                    raw = await self._read(context, held)
+                finally:
+                    self._receiving -= 1
                 work = self._core(call, kind, raw, authorization, deadline, fn)
                 resp, degraded = await asyncio.wrap_future(
                     asyncio.run_coroutine_threadsafe(work, self.core_loop)
