@@ -128,20 +128,24 @@ def _values(arr: np.ndarray) -> np.ndarray | list[bytes]:
 def predict_response(outputs: Mapping[str, np.ndarray], fmt: Format) -> bytes | None:
     """``json_tensor.predict_response(outputs, fmt)`` written natively: the same bytes, and the same
     ``InvalidArgument`` for outputs TF Serving cannot write (``json_tensor.checked_names`` runs first, here).
-    None when the native path is off or an output has a dtype the native writer leaves to the reference."""
+    None when the native path is off, the module is a build without the writer, or an output has a dtype the native
+    writer leaves to the reference (float128, non-native byte orders are converted first)."""
     mod = _module()
     if mod is None or path() != "native":
         return None
+    write = getattr(mod, "predict_response", None)  # None: a build older than the writer
+    if write is None:
+        return None
     names, _ = jt.checked_names(outputs, fmt)
     args = [(n, list(outputs[n].shape), _values(outputs[n])) for n in names]
-    body: bytes | None = mod.predict_response(args, fmt is Format.ROW)
+    body: bytes | None = write(args, fmt is Format.ROW)
     return body
 
 
 def regress_response(values: Sequence[float] | np.ndarray) -> bytes | None:
     """``json_tensor.regress_response(values)`` written natively (same bytes, same error); None when off."""
     mod = _module()
-    if mod is None or path() != "native":
+    if mod is None or path() != "native" or not hasattr(mod, "regress_response"):
         return None
     arr = np.asarray(values, dtype=np.float32).reshape(-1)
     if not arr.size:
@@ -153,7 +157,7 @@ def regress_response(values: Sequence[float] | np.ndarray) -> bytes | None:
 def classify_response(results: Sequence[Sequence[tuple[str, float]]]) -> bytes | None:
     """``json_tensor.classify_response(results)`` written natively (same bytes, same error); None when off."""
     mod = _module()
-    if mod is None or path() != "native":
+    if mod is None or path() != "native" or not hasattr(mod, "classify_response"):
         return None
     if not results:
         raise InvalidArgument("Cannot convert empty ClassificationResults to JSON")

@@ -25,7 +25,10 @@ struct Stack {
 
 impl Stack {
     fn new() -> Stack {
-        Stack { buf: [0; 48], len: 0 }
+        Stack {
+            buf: [0; 48],
+            len: 0,
+        }
     }
 
     fn bytes(&self) -> &[u8] {
@@ -63,11 +66,89 @@ fn push_g(v: f64, prec: usize, out: &mut Vec<u8>) {
             n += 1;
         }
     }
-    let exp: i32 = std::str::from_utf8(&body[epos + 1..]).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let exp: i32 = std::str::from_utf8(&body[epos + 1..])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     while n > 1 && digits[n - 1] == b'0' {
         n -= 1; // %g drops trailing zeros
     }
-    let digits = &digits[..n];
+    push_g_digits(neg, &digits[..n], exp, prec, out);
+}
+
+/// The shortest round-trip digits of finite non-zero `v` (its own width: float32 unless `double`), as
+/// (digits without leading or trailing zeros, decimal exponent of the first digit); serde_json's shortest writer.
+fn shortest(v: f64, double: bool) -> Option<([u8; 24], usize, i32)> {
+    let mut buf = [0u8; 40];
+    let free = {
+        let mut w: &mut [u8] = &mut buf;
+        if double {
+            serde_json::to_writer(&mut w, &v).ok()?;
+        } else {
+            serde_json::to_writer(&mut w, &(v as f32)).ok()?;
+        }
+        w.len()
+    };
+    let text = &buf[..buf.len() - free];
+    let body = text.strip_prefix(b"-").unwrap_or(text);
+    let epos = body.iter().position(|&c| c == b'e' || c == b'E').unwrap_or(body.len());
+    let exp_part = if epos < body.len() { small_int(&body[epos + 1..])? } else { 0 };
+    let mantissa = &body[..epos];
+    let point = mantissa
+        .iter()
+        .position(|&c| c == b'.')
+        .unwrap_or(mantissa.len());
+    let (mut digits, mut n, mut first) = ([0u8; 24], 0usize, None);
+    for (i, &c) in mantissa.iter().enumerate() {
+        if c == b'.' || (n == 0 && c == b'0') {
+            continue;
+        }
+        if first.is_none() {
+            first = Some(i);
+        }
+        if n == digits.len() {
+            return None;
+        }
+        digits[n] = c;
+        n += 1;
+    }
+    let first = first?;
+    while n > 1 && digits[n - 1] == b'0' {
+        n -= 1;
+    }
+    // the first digit's place: point - first - 1 when it is left of the point, else point - first
+    let place = if first < point {
+        (point - first - 1) as i32
+    } else {
+        point as i32 - first as i32
+    };
+    Some((digits, n, place + exp_part))
+}
+
+/// A short decimal integer with an optional sign ("-7", "+12", "38").
+fn small_int(text: &[u8]) -> Option<i32> {
+    let (neg, digits) = match text.first()? {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    if digits.is_empty() || digits.len() > 4 {
+        return None;
+    }
+    let mut x = 0i32;
+    for &c in digits {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        x = x * 10 + i32::from(c - b'0');
+    }
+    Some(if neg { -x } else { x })
+}
+
+/// Appends `digits` (significant, no trailing zeros) times 10^`exp` (exponent of the first digit) in C's `%.{prec}g`
+/// layout.
+fn push_g_digits(neg: bool, digits: &[u8], exp: i32, prec: usize, out: &mut Vec<u8>) {
+    let n = digits.len();
     if neg {
         out.push(b'-');
     }
@@ -102,9 +183,58 @@ fn push_g(v: f64, prec: usize, out: &mut Vec<u8>) {
     }
 }
 
+const POW10: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+];
+
+/// `a` (positive, a float32 value) correctly rounded to nine significant digits, as (digits, exponent of the first
+/// digit), when float64 arithmetic can prove the rounding (one correctly rounded scaling, not near a tie); else None.
+fn nine_digits(a: f64, exp: i32) -> Option<(u64, i32)> {
+    let mut e = exp;
+    for _ in 0..2 {
+        let p = 8 - e;
+        if p.unsigned_abs() > 22 {
+            return None;
+        }
+        let s = if p >= 0 {
+            a * POW10[p as usize]
+        } else {
+            a / POW10[(-p) as usize]
+        };
+        if s >= 1e9 {
+            e += 1;
+            continue;
+        }
+        if s < 1e8 {
+            e -= 1;
+            continue;
+        }
+        let fl = s.floor();
+        let frac = s - fl;
+        if (frac - 0.5).abs() < 1e-6 {
+            return None; // a tie, or too close to one to tell in float64
+        }
+        let mut d = fl as u64 + u64::from(frac > 0.5);
+        if d == 1_000_000_000 {
+            d = 100_000_000;
+            e += 1;
+        }
+        return Some((d, e));
+    }
+    None
+}
+
 /// Appends a float as `WriteDecimal` prints it: six-digit `%g` when that text parses back (correctly rounded to the
 /// value's own width) to the value, else `%.9g` (float32) / `%.17g` (double); `.0` when the text has neither `.`
 /// nor `e`; `NaN`, `Infinity`, `-Infinity`. `v` holds a float32 value unless `double`.
+///
+/// The six-digit text parses back exactly when the value's shortest round-trip digits number six or fewer (a
+/// six-digit unit is wider than the value's whole rounding interval, so the correctly rounded six digits are then
+/// those shortest digits, and with more than six no six-digit text can round-trip): the shortest digits decide,
+/// and nine-digit float32 tokens come from one float64 scaling when it provably rounds right. This holds for
+/// normal values only (a subnormal's rounding interval is wider): everything else (zeros, subnormals, ties,
+/// exponents beyond 10^±22, doubles needing 17 digits) is formatted by the rule's definition with `core::fmt`.
 fn push_float(v: f64, double: bool, out: &mut Vec<u8>) {
     if v.is_nan() {
         out.extend_from_slice(b"NaN");
@@ -114,6 +244,34 @@ fn push_float(v: f64, double: bool, out: &mut Vec<u8>) {
         out.extend_from_slice(if v > 0.0 { b"Infinity" } else { b"-Infinity" });
         return;
     }
+    let start = out.len();
+    let neg = v.is_sign_negative();
+    let normal = if double { v.is_normal() } else { (v as f32).is_normal() };
+    match normal.then(|| shortest(v, double)).flatten() {
+        Some((digits, n, exp)) if n <= 6 => push_g_digits(neg, &digits[..n], exp, 6, out),
+        Some((_, _, exp)) if !double => match nine_digits(v.abs(), exp) {
+            Some((d, e)) => {
+                let mut digits = [0u8; 9];
+                let mut x = d;
+                for k in (0..9).rev() {
+                    digits[k] = b'0' + (x % 10) as u8;
+                    x /= 10;
+                }
+                let n = 9 - digits.iter().rev().take_while(|&&c| c == b'0').count();
+                push_g_digits(neg, &digits[..n.max(1)], e, 9, out);
+            }
+            None => push_g(v, 9, out),
+        },
+        Some(_) => push_g(v, 17, out),
+        None => push_exact(v, double, out),
+    }
+    if !out[start..].iter().any(|&c| c == b'.' || c == b'e') {
+        out.extend_from_slice(b".0");
+    }
+}
+
+/// `WriteDecimal`'s rule by its definition: six-digit `%g`, parsed back, else nine/seventeen digits.
+fn push_exact(v: f64, double: bool, out: &mut Vec<u8>) {
     let start = out.len();
     push_g(v, 6, out);
     let back = std::str::from_utf8(&out[start..]).ok().and_then(|s| {
@@ -126,9 +284,6 @@ fn push_float(v: f64, double: bool, out: &mut Vec<u8>) {
     if back != Some(v) {
         out.truncate(start);
         push_g(v, if double { 17 } else { 9 }, out);
-    }
-    if !out[start..].iter().any(|&c| c == b'.' || c == b'e') {
-        out.extend_from_slice(b".0");
     }
 }
 
@@ -185,7 +340,11 @@ fn b64(raw: &[u8]) -> Vec<u8> {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = Vec::with_capacity(raw.len().div_ceil(3) * 4);
     for chunk in raw.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for k in 0..4 {
             if k <= chunk.len() {
@@ -210,7 +369,11 @@ struct Pretty {
 
 impl Pretty {
     fn new(capacity: usize) -> Pretty {
-        Pretty { out: Vec::with_capacity(capacity), levels: Vec::new(), single: false }
+        Pretty {
+            out: Vec::with_capacity(capacity),
+            levels: Vec::new(),
+            single: false,
+        }
     }
 
     fn indent(&mut self) {
@@ -220,10 +383,13 @@ impl Pretty {
     }
 
     fn prefix(&mut self) {
-        let Some(&(in_array, count)) = self.levels.last() else { return };
+        let Some(&(in_array, count)) = self.levels.last() else {
+            return;
+        };
         if in_array {
             if count > 0 {
-                self.out.extend_from_slice(if self.single { b", " } else { b"," });
+                self.out
+                    .extend_from_slice(if self.single { b", " } else { b"," });
             }
             if !self.single {
                 self.out.push(b'\n');
@@ -231,7 +397,8 @@ impl Pretty {
             }
         } else {
             if count > 0 {
-                self.out.extend_from_slice(if count % 2 == 0 { b",\n" } else { b": " });
+                self.out
+                    .extend_from_slice(if count % 2 == 0 { b",\n" } else { b": " });
             } else {
                 self.out.push(b'\n');
             }
@@ -347,7 +514,9 @@ impl Values<'_> {
             Values::U8(v) => push_uint(u64::from(v[i]), w.value()),
             Values::U32(v) => push_uint(u64::from(v[i]), w.value()),
             Values::U64(v) => push_uint(v[i], w.value()),
-            Values::Bool(v) => w.value().extend_from_slice(if v[i] { b"true" } else { b"false" }),
+            Values::Bool(v) => w
+                .value()
+                .extend_from_slice(if v[i] { b"true" } else { b"false" }),
             Values::Str(v) => w.string(v[i]),
             Values::B64(v) => {
                 w.start_object();
@@ -382,7 +551,11 @@ fn write_tensor(w: &mut Pretty, out: &Output<'_>, dim: usize, offset: usize) -> 
 /// `{"predictions": [...]}` (row) or `{"outputs": ...}` (columnar), as `json_tensor._reference_predict` writes it;
 /// `outputs` sorted by name, already checked (ranks, batch sizes, shapes matching the value counts).
 fn write_predict(outputs: &[Output<'_>], row: bool) -> Vec<u8> {
-    let capacity: usize = outputs.iter().map(|o| o.values.len() * (o.values.token_width() + 2)).sum::<usize>() + 64;
+    let capacity: usize = outputs
+        .iter()
+        .map(|o| o.values.len() * (o.values.token_width() + 2))
+        .sum::<usize>()
+        + 64;
     let mut w = Pretty::new(capacity);
     let multi = outputs.len() > 1;
     w.start_object();
@@ -487,9 +660,15 @@ pub fn predict_response<'py>(
             },
         };
         if shape.iter().product::<usize>() != vals.len() || (row && shape.is_empty()) {
-            return Err(PyValueError::new_err(format!("output {name}: shape {shape:?} does not fit its values")));
+            return Err(PyValueError::new_err(format!(
+                "output {name}: shape {shape:?} does not fit its values"
+            )));
         }
-        parsed.push(Output { name: name.as_bytes().to_vec(), shape: shape.clone(), values: vals });
+        parsed.push(Output {
+            name: name.as_bytes().to_vec(),
+            shape: shape.clone(),
+            values: vals,
+        });
     }
     if row && parsed.iter().any(|o| o.shape[0] != parsed[0].shape[0]) {
         return Err(PyValueError::new_err("outputs of different batch sizes"));
@@ -497,9 +676,15 @@ pub fn predict_response<'py>(
     if parsed.is_empty() {
         return Err(PyValueError::new_err("no outputs"));
     }
-    let strings = parsed.iter().any(|o| matches!(o.values, Values::Str(_) | Values::B64(_)));
+    let strings = parsed
+        .iter()
+        .any(|o| matches!(o.values, Values::Str(_) | Values::B64(_)));
     // bytes objects are borrowed from the caller's lists: those are written with the GIL held
-    let body = if strings { write_predict(&parsed, row) } else { py.allow_threads(|| write_predict(&parsed, row)) };
+    let body = if strings {
+        write_predict(&parsed, row)
+    } else {
+        py.allow_threads(|| write_predict(&parsed, row))
+    };
     Ok(Some(PyBytes::new(py, &body)))
 }
 
@@ -533,7 +718,9 @@ pub fn classify_response<'py>(
     counts: Vec<usize>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     if labels.len() != scores.len() || counts.iter().sum::<usize>() != labels.len() {
-        return Err(PyValueError::new_err("labels, scores and counts do not fit"));
+        return Err(PyValueError::new_err(
+            "labels, scores and counts do not fit",
+        ));
     }
     let body = py.allow_threads(|| {
         let mut w = Pretty::new(labels.len() * 40 + 32);
@@ -561,12 +748,21 @@ pub fn classify_response<'py>(
     Ok(PyBytes::new(py, &body))
 }
 
-/// `WriteDecimal`'s token of one value (tests compare it with `gateway.codec.numbers.format_float`).
+/// `WriteDecimal`'s token of one value (tests compare it with `gateway.codec.numbers.format_float`); `exact`
+/// formats by the rule's definition only (no shortcut), to test the shortcuts against it.
 #[pyfunction]
-#[pyo3(signature = (v, double = false))]
-pub fn format_float(v: f64, double: bool) -> String {
+#[pyo3(signature = (v, double = false, exact = false))]
+pub fn format_float(v: f64, double: bool, exact: bool) -> String {
+    let v = if double { v } else { f64::from(v as f32) };
     let mut out = Vec::new();
-    push_float(if double { v } else { f64::from(v as f32) }, double, &mut out);
+    if exact && v.is_finite() {
+        push_exact(v, double, &mut out);
+        if !out.iter().any(|&c| c == b'.' || c == b'e') {
+            out.extend_from_slice(b".0");
+        }
+    } else {
+        push_float(v, double, &mut out);
+    }
     String::from_utf8(out).unwrap_or_default()
 }
 

@@ -141,6 +141,36 @@ def test_random_bit_patterns_format_as_reference() -> None:
     ]
 
 
+def _short_values(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Values with few significant digits (the writer's six-digit shortcut), near powers of ten and two."""
+    digits = rng.integers(1, 10, n)
+    mant = np.array(
+        [round(m, int(d) - 1) for m, d in zip(rng.uniform(1, 10, n).tolist(), digits.tolist(), strict=True)]
+    )
+    exps = rng.integers(-40, 40, n).astype(np.float64)
+    near = np.concatenate([10.0 ** np.arange(-38, 39), 2.0 ** np.arange(-126, 128)])
+    return np.concatenate([mant * 10.0**exps, near, np.nextafter(near, 0), np.nextafter(near, np.inf)])
+
+
+def test_float_shortcuts_agree_with_the_rule() -> None:
+    """The native writer's shortcuts (shortest digits, float64 scaling) against the rule as defined (exact=True)
+    and against the reference, on short decimals, powers of ten and two and their neighbours, both widths."""
+    import embedgate_native
+
+    values = _short_values(np.random.default_rng(7), 20_000)
+    with np.errstate(over="ignore"):
+        f32 = values.astype(np.float32).tolist()
+    for v in f32:
+        assert (
+            embedgate_native.format_float(v)
+            == embedgate_native.format_float(v, exact=True)
+            == format_float(v)
+        )
+    for v in values.tolist():
+        want = format_float(v, double=True)
+        assert embedgate_native.format_float(v, True) == embedgate_native.format_float(v, True, True) == want
+
+
 @pytest.mark.parametrize(
     ("outputs", "fmt", "body"), [r[1:4] for r in RESPONSES], ids=[r[0] for r in RESPONSES]
 )
