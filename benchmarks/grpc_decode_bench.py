@@ -27,6 +27,7 @@ import os
 import time
 import timeit
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,8 @@ def embedding_request(n: int, manifest: Manifest, typed: bool) -> bytes:
     req.model_spec.name = "demo"
     for name, arr in arrays.items():
         req.inputs[name].CopyFrom(_typed(arr) if typed else from_ndarray(arr))
-    return req.SerializeToString()
+    raw: bytes = req.SerializeToString()
+    return raw
 
 
 def passthrough_request(n: int) -> bytes:
@@ -91,7 +93,12 @@ def passthrough_request(n: int) -> bytes:
     req.model_spec.name = "plain"
     req.inputs["dense"].CopyFrom(from_ndarray(rng.random((n, 13), dtype=np.float32)))
     req.inputs["ids"].CopyFrom(from_ndarray(rng.integers(0, 2_000_000, (n, 26), dtype=np.int64)))
-    return req.SerializeToString()
+    raw: bytes = req.SerializeToString()
+    return raw
+
+
+def _decode_all(msg: tfs_pb2.PredictRequest) -> list[np.ndarray]:
+    return [_decode(k, t) for k, t in msg.inputs.items()]
 
 
 def _us_per_example(fn: Callable[[], Any], n: int, repeat: int) -> float:
@@ -121,10 +128,10 @@ def run(batches: list[int], repeat: int) -> list[dict[str, Any]]:
                     req.inputs[k].CopyFrom(from_ndarray(arr, DT.DT_FLOAT))
 
             stages: dict[str, Callable[[], Any]] = {
-                "parse": lambda raw=raw: parse_message(tfs_pb2.PredictRequest, raw, limits, max_body),
-                "decode": lambda msg=msg: [_decode(k, t) for k, t in msg.inputs.items()],
-                "features": lambda msg=msg: batch_from_tensors(msg.inputs, manifest),
-                "plan": lambda batch=batch: plan_lookups(batch, manifest),
+                "parse": partial(parse_message, tfs_pb2.PredictRequest, raw, limits, max_body),
+                "decode": partial(_decode_all, msg),
+                "features": partial(batch_from_tensors, msg.inputs, manifest),
+                "plan": partial(plan_lookups, batch, manifest),
                 "pool+encode": pool_fn,
             }
             row: dict[str, Any] = {"model": f"demo ({label})", "batch": n, "bytes": len(raw)}
@@ -135,7 +142,7 @@ def run(batches: list[int], repeat: int) -> list[dict[str, Any]]:
         raw = passthrough_request(n)
         row = {"model": "pass-through (content)", "batch": n, "bytes": len(raw)}
         row["parse"] = _us_per_example(
-            lambda raw=raw: parse_message(tfs_pb2.PredictRequest, raw, limits, max_body), n, repeat
+            partial(parse_message, tfs_pb2.PredictRequest, raw, limits, max_body), n, repeat
         )
         rows.append(row)
         print(row, flush=True)

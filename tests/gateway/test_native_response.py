@@ -42,9 +42,9 @@ _F64_EDGES = [
 
 
 def _floats(dtype: Any) -> st.SearchStrategy[float]:
-    edges = _F32_EDGES if dtype == np.float32 else _F64_EDGES
-    width = 32 if dtype == np.float32 else 64
-    return st.one_of(st.floats(width=width), st.sampled_from(edges))
+    if dtype == np.float32:
+        return st.one_of(st.floats(width=32), st.sampled_from(_F32_EDGES))
+    return st.one_of(st.floats(width=64), st.sampled_from(_F64_EDGES))
 
 
 _NUMERIC = [
@@ -92,9 +92,10 @@ def _outputs(draw: Any, allow_bad: bool = False) -> dict[str, np.ndarray]:
     return out
 
 
-def _outcome(write: Any, outputs: dict[str, np.ndarray], fmt: jt.Format) -> bytes | str | None:
+def _outcome(write: Any, *args: Any) -> bytes | str | None:
+    """What ``write(*args)`` gives: the body (None when declined) or the error's class and text."""
     try:
-        result: bytes | None = write(outputs, fmt)
+        result: bytes | None = write(*args)
         return result
     except GatewayError as exc:
         return f"{type(exc).__name__}: {exc.message}"
@@ -213,21 +214,13 @@ def test_unusual_layouts_are_written_or_left_to_the_reference() -> None:
 @settings(max_examples=100, deadline=None)
 @given(st.lists(_floats(np.float32), max_size=20))
 def test_regress_same_bytes(values: list[float]) -> None:
-    assert _outcome(lambda v, _: native.regress_response(v), values, ROW) == _outcome(  # type: ignore[arg-type]
-        lambda v, _: jt.regress_response(v),
-        values,
-        ROW,  # type: ignore[arg-type]
-    )
+    assert _outcome(native.regress_response, values) == _outcome(jt.regress_response, values)
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(st.tuples(st.text(max_size=4), _floats(np.float32)), max_size=4), max_size=4))
 def test_classify_same_bytes(results: list[list[tuple[str, float]]]) -> None:
-    assert _outcome(lambda r, _: native.classify_response(r), results, ROW) == _outcome(  # type: ignore[arg-type]
-        lambda r, _: jt.classify_response(r),
-        results,
-        ROW,  # type: ignore[arg-type]
-    )
+    assert _outcome(native.classify_response, results) == _outcome(jt.classify_response, results)
 
 
 def test_facade_respects_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
