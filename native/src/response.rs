@@ -91,8 +91,15 @@ fn shortest(v: f64, double: bool) -> Option<([u8; 24], usize, i32)> {
     };
     let text = &buf[..buf.len() - free];
     let body = text.strip_prefix(b"-").unwrap_or(text);
-    let epos = body.iter().position(|&c| c == b'e' || c == b'E').unwrap_or(body.len());
-    let exp_part = if epos < body.len() { small_int(&body[epos + 1..])? } else { 0 };
+    let epos = body
+        .iter()
+        .position(|&c| c == b'e' || c == b'E')
+        .unwrap_or(body.len());
+    let exp_part = if epos < body.len() {
+        small_int(&body[epos + 1..])?
+    } else {
+        0
+    };
     let mantissa = &body[..epos];
     let point = mantissa
         .iter()
@@ -167,9 +174,8 @@ fn push_g_digits(neg: bool, digits: &[u8], exp: i32, prec: usize, out: &mut Vec<
         push_uint(u64::from(e), out);
     } else if exp >= 0 {
         let int_len = exp as usize + 1;
-        for i in 0..int_len {
-            out.push(if i < n { digits[i] } else { b'0' });
-        }
+        out.extend_from_slice(&digits[..n.min(int_len)]);
+        out.resize(out.len() + int_len.saturating_sub(n), b'0');
         if n > int_len {
             out.push(b'.');
             out.extend_from_slice(&digits[int_len..]);
@@ -246,7 +252,11 @@ fn push_float(v: f64, double: bool, out: &mut Vec<u8>) {
     }
     let start = out.len();
     let neg = v.is_sign_negative();
-    let normal = if double { v.is_normal() } else { (v as f32).is_normal() };
+    let normal = if double {
+        v.is_normal()
+    } else {
+        (v as f32).is_normal()
+    };
     match normal.then(|| shortest(v, double)).flatten() {
         Some((digits, n, exp)) if n <= 6 => push_g_digits(neg, &digits[..n], exp, 6, out),
         Some((_, _, exp)) if !double => match nine_digits(v.abs(), exp) {
