@@ -12,6 +12,7 @@ route's writer (``rest_codec.predict_json``) is checked both ways (``EMBEDGATE_N
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,16 @@ from schemas.tensors import from_ndarray
 from tests.gateway.codec.test_tfs_json_tensor_cases import _STRINGS, RESPONSES
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="embedgate_native is not built (make install)")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _native_on() -> Iterator[None]:
+    """The native path on whatever ``EMBEDGATE_NATIVE`` the suite runs with: these tests compare it with the
+    reference (a suite run with ``off`` still checks the native writer here)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(native.ENV, "auto")
+        yield
+
 
 ROW, COL = jt.Format.ROW, jt.Format.COLUMNAR
 
