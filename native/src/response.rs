@@ -194,12 +194,15 @@ const POW10: [f64; 23] = [
     1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
 ];
 
-/// `a` (positive, a float32 value) correctly rounded to nine significant digits, as (digits, exponent of the first
-/// digit), when float64 arithmetic can prove the rounding (one correctly rounded scaling, not near a tie); else None.
-fn nine_digits(a: f64, exp: i32) -> Option<(u64, i32)> {
-    let mut e = exp;
-    for _ in 0..2 {
-        let p = 8 - e;
+/// `a` (positive, finite) correctly rounded (half to even) to `digits` significant digits, as (the digits as an
+/// integer, decimal exponent of the first digit), when float64 arithmetic proves the rounding: one correctly rounded
+/// scaling by an exact power of ten (10^0..10^22) leaves the result away from a tie by far more than its error.
+/// `guess`: floor(log10(a)) or one off. None when float64 cannot tell (the caller formats exactly).
+fn round_digits(a: f64, guess: i32, digits: i32) -> Option<(u64, i32)> {
+    let (lo, hi) = (POW10[(digits - 1) as usize], POW10[digits as usize]);
+    let mut e = guess;
+    for _ in 0..3 {
+        let p = digits - 1 - e;
         if p.unsigned_abs() > 22 {
             return None;
         }
@@ -208,11 +211,11 @@ fn nine_digits(a: f64, exp: i32) -> Option<(u64, i32)> {
         } else {
             a / POW10[(-p) as usize]
         };
-        if s >= 1e9 {
+        if s >= hi {
             e += 1;
             continue;
         }
-        if s < 1e8 {
+        if s < lo {
             e -= 1;
             continue;
         }
@@ -222,8 +225,8 @@ fn nine_digits(a: f64, exp: i32) -> Option<(u64, i32)> {
             return None; // a tie, or too close to one to tell in float64
         }
         let mut d = fl as u64 + u64::from(frac > 0.5);
-        if d == 1_000_000_000 {
-            d = 100_000_000;
+        if d == hi as u64 {
+            d = lo as u64;
             e += 1;
         }
         return Some((d, e));
@@ -231,16 +234,81 @@ fn nine_digits(a: f64, exp: i32) -> Option<(u64, i32)> {
     None
 }
 
+/// floor(log10(a)) or one less, from the binary exponent of normal `a` (no libm call).
+fn exp10_guess(a: f64) -> i32 {
+    let e2 = ((a.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+    (f64::from(e2) * std::f64::consts::LOG10_2).floor() as i32
+}
+
+/// Whether `d` x 10^`p` (a decimal, `d` < 10^6), correctly rounded to float32, is `a`: one float64 operation gives
+/// its correctly rounded double; rounding that to float32 is the direct rounding unless the double lies exactly on
+/// a float32 midpoint or near float32's edges (None: the caller formats exactly).
+fn parses_back_f32(d: u64, p: i32, a: f64) -> Option<bool> {
+    if p.unsigned_abs() > 22 {
+        return None;
+    }
+    let back = if p >= 0 {
+        d as f64 * POW10[p as usize]
+    } else {
+        d as f64 / POW10[(-p) as usize]
+    };
+    let low = back.to_bits() & ((1 << 29) - 1);
+    if low == 1 << 28
+        || back < 2.0 * f64::from(f32::MIN_POSITIVE)
+        || back > f64::from(f32::MAX) / 2.0
+    {
+        return None;
+    }
+    Some(f64::from(back as f32) == a)
+}
+
+/// Appends `d` (exactly `width` digits) with its trailing zeros dropped, in `%.{prec}g` layout.
+fn push_rounded(neg: bool, d: u64, width: usize, exp: i32, prec: usize, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut x = d;
+    for k in (0..width).rev() {
+        digits[k] = b'0' + (x % 10) as u8;
+        x /= 10;
+    }
+    let n = width
+        - digits[..width]
+            .iter()
+            .rev()
+            .take_while(|&&c| c == b'0')
+            .count();
+    push_g_digits(neg, &digits[..n.max(1)], exp, prec, out);
+}
+
+/// The float32 token of normal `v` by float64 arithmetic alone (six digits when they parse back, else nine), or
+/// false when that cannot be proved (nothing appended).
+fn push_f32_fast(v: f64, out: &mut Vec<u8>) -> bool {
+    let a = v.abs();
+    let neg = v.is_sign_negative();
+    let guess = exp10_guess(a);
+    let Some((d6, e6)) = round_digits(a, guess, 6) else {
+        return false;
+    };
+    match parses_back_f32(d6, e6 - 5, a) {
+        Some(true) => push_rounded(neg, d6, 6, e6, 6, out),
+        Some(false) => match round_digits(a, guess, 9) {
+            Some((d9, e9)) => push_rounded(neg, d9, 9, e9, 9, out),
+            None => return false,
+        },
+        None => return false,
+    }
+    true
+}
+
 /// Appends a float as `WriteDecimal` prints it: six-digit `%g` when that text parses back (correctly rounded to the
 /// value's own width) to the value, else `%.9g` (float32) / `%.17g` (double); `.0` when the text has neither `.`
 /// nor `e`; `NaN`, `Infinity`, `-Infinity`. `v` holds a float32 value unless `double`.
 ///
-/// The six-digit text parses back exactly when the value's shortest round-trip digits number six or fewer (a
-/// six-digit unit is wider than the value's whole rounding interval, so the correctly rounded six digits are then
-/// those shortest digits, and with more than six no six-digit text can round-trip): the shortest digits decide,
-/// and nine-digit float32 tokens come from one float64 scaling when it provably rounds right. This holds for
-/// normal values only (a subnormal's rounding interval is wider): everything else (zeros, subnormals, ties,
-/// exponents beyond 10^±22, doubles needing 17 digits) is formatted by the rule's definition with `core::fmt`.
+/// Float32 (normal values): the six and nine digits come from one float64 scaling each and the six-digit text is
+/// parsed back with one float64 operation, each when provably exact (`push_f32_fast`). Doubles (normal values):
+/// the six-digit text parses back exactly when the shortest round-trip digits number six or fewer (a six-digit unit
+/// is wider than a normal value's whole rounding interval, so the correctly rounded six digits are then those
+/// shortest digits, and with more than six no six-digit text can round-trip). Everything else (zeros, subnormals,
+/// ties, exponents beyond 10^±22, doubles needing 17 digits) is formatted by the rule's definition with `core::fmt`.
 fn push_float(v: f64, double: bool, out: &mut Vec<u8>) {
     if v.is_nan() {
         out.extend_from_slice(b"NaN");
@@ -257,23 +325,18 @@ fn push_float(v: f64, double: bool, out: &mut Vec<u8>) {
     } else {
         (v as f32).is_normal()
     };
-    match normal.then(|| shortest(v, double)).flatten() {
-        Some((digits, n, exp)) if n <= 6 => push_g_digits(neg, &digits[..n], exp, 6, out),
-        Some((_, _, exp)) if !double => match nine_digits(v.abs(), exp) {
-            Some((d, e)) => {
-                let mut digits = [0u8; 9];
-                let mut x = d;
-                for k in (0..9).rev() {
-                    digits[k] = b'0' + (x % 10) as u8;
-                    x /= 10;
-                }
-                let n = 9 - digits.iter().rev().take_while(|&&c| c == b'0').count();
-                push_g_digits(neg, &digits[..n.max(1)], e, 9, out);
-            }
-            None => push_g(v, 9, out),
-        },
-        Some(_) => push_g(v, 17, out),
-        None => push_exact(v, double, out),
+    if !normal {
+        push_exact(v, double, out);
+    } else if !double {
+        if !push_f32_fast(v, out) {
+            push_exact(v, double, out);
+        }
+    } else {
+        match shortest(v, double) {
+            Some((digits, n, exp)) if n <= 6 => push_g_digits(neg, &digits[..n], exp, 6, out),
+            Some(_) => push_g(v, 17, out),
+            None => push_exact(v, double, out),
+        }
     }
     if !out[start..].iter().any(|&c| c == b'.' || c == b'e') {
         out.extend_from_slice(b".0");
