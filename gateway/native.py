@@ -15,20 +15,32 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 
+from gateway.codec import json_tensor as jt
 from gateway.codec.json_tensor import Format
+from gateway.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from embedgate_native import CheckedBody
 
     from schemas.gateway_settings import LimitsSettings
 
-__all__ = ["ENV", "available", "check_predict", "checked_tensors", "path", "predict_tensors"]
+__all__ = [
+    "ENV",
+    "available",
+    "check_predict",
+    "checked_tensors",
+    "classify_response",
+    "path",
+    "predict_response",
+    "predict_tensors",
+    "regress_response",
+]
 
 ENV: Final = (
     "EMBEDGATE_NATIVE"  # "off" forces the Python reference; anything else (default "auto") uses native
@@ -96,3 +108,60 @@ def checked_tensors(
         return None
     arrays, fmt = done
     return arrays, Format(fmt)
+
+
+# ---- the JSON response writer (issue 17: TF Serving's writer in Rust, native/src/response.rs) ----------------------
+
+_NATIVE_KINDS: Final = (
+    "fiub"  # numeric and boolean arrays go to Rust as numpy; string kinds as lists of bytes
+)
+
+
+def _values(arr: np.ndarray) -> np.ndarray | list[bytes]:
+    """One output's flat values as the native writer takes them (C order, native byte order)."""
+    if arr.dtype.kind in _NATIVE_KINDS:
+        flat = np.ascontiguousarray(arr).reshape(-1)
+        return flat if flat.dtype.isnative else flat.astype(flat.dtype.newbyteorder("="))
+    return [jt.as_bytes(x) for x in arr.reshape(-1).tolist()]
+
+
+def predict_response(outputs: Mapping[str, np.ndarray], fmt: Format) -> bytes | None:
+    """``json_tensor.predict_response(outputs, fmt)`` written natively: the same bytes, and the same
+    ``InvalidArgument`` for outputs TF Serving cannot write (``json_tensor.checked_names`` runs first, here).
+    None when the native path is off, the module is a build without the writer, or an output has a dtype the native
+    writer leaves to the reference (float128, non-native byte orders are converted first)."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return None
+    write = getattr(mod, "predict_response", None)  # None: a build older than the writer
+    if write is None:
+        return None
+    names, _ = jt.checked_names(outputs, fmt)
+    args = [(n, list(outputs[n].shape), _values(outputs[n])) for n in names]
+    body: bytes | None = write(args, fmt is Format.ROW)
+    return body
+
+
+def regress_response(values: Sequence[float] | np.ndarray) -> bytes | None:
+    """``json_tensor.regress_response(values)`` written natively (same bytes, same error); None when off."""
+    mod = _module()
+    if mod is None or path() != "native" or not hasattr(mod, "regress_response"):
+        return None
+    arr = np.asarray(values, dtype=np.float32).reshape(-1)
+    if not arr.size:
+        raise InvalidArgument("Cannot convert empty RegressionResults to JSON")
+    body: bytes = mod.regress_response(arr.tolist())
+    return body
+
+
+def classify_response(results: Sequence[Sequence[tuple[str, float]]]) -> bytes | None:
+    """``json_tensor.classify_response(results)`` written natively (same bytes, same error); None when off."""
+    mod = _module()
+    if mod is None or path() != "native" or not hasattr(mod, "classify_response"):
+        return None
+    if not results:
+        raise InvalidArgument("Cannot convert empty ClassificationResults to JSON")
+    labels = [jt.as_bytes(label) for classes in results for label, _ in classes]
+    scores = [float(np.float32(score)) for classes in results for _, score in classes]
+    body: bytes = mod.classify_response(labels, scores, [len(classes) for classes in results])
+    return body

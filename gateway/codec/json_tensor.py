@@ -42,7 +42,9 @@ from schemas.proto import tfs_pb2
 
 __all__ = [
     "Format",
+    "as_bytes",
     "check_request_keys",
+    "checked_names",
     "classify_response",
     "dtype_name",
     "error_body",
@@ -536,12 +538,15 @@ def _utf8(text: str) -> bytes:
         return text.encode("utf-8", "backslashreplace")
 
 
-def _as_bytes(x: Any) -> bytes:
+def as_bytes(x: Any) -> bytes:
+    """A string tensor element as the bytes the writer writes (``str`` as UTF-8, lone surrogates kept)."""
     return x if isinstance(x, bytes) else _utf8(str(x))
 
 
-def _checked_names(outputs: Mapping[str, np.ndarray], fmt: Format) -> tuple[list[str], int]:
-    """Sorted output names (and the batch size for ROW), with TF Serving's shape checks, then dtype checks."""
+def checked_names(outputs: Mapping[str, np.ndarray], fmt: Format) -> tuple[list[str], int]:
+    """Sorted output names (and the batch size for ROW, else -1), with TF Serving's shape checks, then dtype checks:
+    ``InvalidArgument`` with TF Serving's texts for what :func:`predict_response` cannot write. Also run by the
+    native writer (``gateway.native.predict_response``) before it writes, so both word errors the same."""
     if not outputs:
         raise InvalidArgument("Cannot convert empty tensor map to JSON")
     names = sorted(outputs)
@@ -577,7 +582,7 @@ def _emitter(w: PrettyWriter, arr: np.ndarray, name: str) -> Any:
     if kind == "b":
         bools = flat.tolist()
         return lambda i: w.raw(b"true" if bools[i] else b"false")
-    raws = [_as_bytes(x) for x in flat.tolist()]
+    raws = [as_bytes(x) for x in flat.tolist()]
     if not name.endswith("_bytes"):
         return lambda i: w.string(raws[i])
 
@@ -602,7 +607,7 @@ def _write_tensor(w: PrettyWriter, shape: Sequence[int], dim: int, emit: Any, of
 
 
 def _reference_predict(outputs: Mapping[str, np.ndarray], fmt: Format) -> bytes:
-    names, batch = _checked_names(outputs, fmt)
+    names, batch = checked_names(outputs, fmt)
     w = PrettyWriter()
     emit = {n: _emitter(w, outputs[n], n) for n in names}
     multi = len(names) > 1
@@ -789,7 +794,7 @@ def _fast_row_objects(
 
 
 def _fast_predict(outputs: Mapping[str, np.ndarray], fmt: Format, small: int = SMALL) -> bytes | None:
-    names, batch = _checked_names(outputs, fmt)
+    names, batch = checked_names(outputs, fmt)
     if batch == 0 or any(outputs[n].size == 0 for n in names):
         return None
     if sum(outputs[n].size for n in names) < small:
@@ -853,7 +858,7 @@ def classify_response(results: Sequence[Sequence[tuple[str, float]]]) -> bytes:
         w.start_array()
         for label, score in classes:
             w.start_array()
-            w.string(_as_bytes(label))
+            w.string(as_bytes(label))
             w.raw(format_float(float(np.float32(score))).encode())
             w.end_array()
         w.end_array()

@@ -208,17 +208,25 @@ def parse_classify_regress(
 
 
 def predict_json(result: PredictResult, fmt: jt.Format) -> bytes:
-    return jt.predict_response({k: to_ndarray(t) for k, t in result.outputs.items()}, fmt)
+    """TF Serving's predict body for ``result``: written natively (``gateway.native``) unless that path is off or
+    declines an output's dtype, then by the reference ``json_tensor.predict_response`` (same bytes, same errors)."""
+    outputs = {k: to_ndarray(t) for k, t in result.outputs.items()}
+    body = native.predict_response(outputs, fmt)
+    return body if body is not None else jt.predict_response(outputs, fmt)
 
 
 def classify_json(result: ClassifyResult) -> bytes:
-    return jt.classify_response(
-        [[(c.label, c.score) for c in cl.classes] for cl in result.result.classifications]
-    )
+    """TF Serving's classify body (native writer when on, else the reference; same bytes)."""
+    classes = [[(c.label, c.score) for c in cl.classes] for cl in result.result.classifications]
+    body = native.classify_response(classes)
+    return body if body is not None else jt.classify_response(classes)
 
 
 def regress_json(result: RegressResult) -> bytes:
-    return jt.regress_response([r.value for r in result.result.regressions])
+    """TF Serving's regress body (native writer when on, else the reference; same bytes)."""
+    values = [r.value for r in result.result.regressions]
+    body = native.regress_response(values)
+    return body if body is not None else jt.regress_response(values)
 
 
 def status_json(resp: tfs_pb2.GetModelStatusResponse) -> bytes:
