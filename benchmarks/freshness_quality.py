@@ -375,8 +375,15 @@ class Delays:
     periodic: list[float] = field(default_factory=list)
     periodic_export_s: list[float] = field(default_factory=list)
     missed: dict[str, int] = field(default_factory=dict)
+    entry_served: list[float | None] = field(default_factory=list)  # per refresh, None: not served in time
+
+    def entry_total(self) -> list[float]:
+        """Export time plus served delay of each entry refresh that was served (pairs by refresh)."""
+        return [e + x for e, x in zip(self.entry_export_s, self.entry_served, strict=True) if x is not None]
 
     def add(self, kind: str, seconds: float | None) -> None:
+        if kind == "entry":
+            self.entry_served.append(seconds)
         if seconds is None:
             self.missed[kind] = self.missed.get(kind, 0) + 1
         else:
@@ -396,8 +403,9 @@ def delay_table(d: Delays) -> str:
     for label, xs, kind in (
         ("rows (StreamRows publish -> served)", d.rows, "rows"),
         ("entry refresh (version written -> served)", d.entry, "entry"),
-        ("rows and entry refreshes together", d.rows + d.entry, ""),
+        ("rows, and entry refreshes export included (the target)", d.rows + d.entry_total(), ""),
         ("entry refresh: export time (trainer side)", d.entry_export_s, "-"),
+        ("entry refresh (refresh call -> served, export included)", d.entry_total(), "-"),
         ("periodic full re-export (written -> served)", d.periodic, "periodic"),
         ("periodic full re-export: export time", d.periodic_export_s, "-"),
     ):
@@ -608,7 +616,7 @@ def report(res: Result, plan: Plan, command: str, plot_ref: str | None) -> str:
     o = res.overall
     gap = {v: o.auc["ceiling"] - o.auc[v] for v in ("streamed", "periodic", "frozen")}
     worst = {v: max(w.auc["ceiling"] - w.auc[v] for w in res.windows) for v in gap}
-    both = res.delays.rows + res.delays.entry
+    both = res.delays.rows + res.delays.entry_total()
     missed = sum(res.delays.missed.get(k, 0) for k in ("rows", "entry"))
     p99 = _pct(both, 99)
     lines = [
@@ -635,7 +643,7 @@ def report(res: Result, plan: Plan, command: str, plot_ref: str | None) -> str:
         "",
         (
             f"Target streamed within 0.005 AUC of the ceiling: **{met}** ({gap['streamed']:.4f}). "
-            f"Publish -> served p99 <= 2 s (rows and entry refreshes): **{dmet}** ({p99 * 1000:.0f} ms"
+            f"Publish -> served p99 <= 2 s (rows; entry refreshes from the refresh call, export included): **{dmet}** ({p99 * 1000:.0f} ms"
             f"{f', {missed} not served within {plan.match_timeout_s:g} s' if missed else ''})."
         ),
         "",
