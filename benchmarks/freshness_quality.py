@@ -38,7 +38,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,7 +187,7 @@ class Window:
 def score_windows(
     times_s: npt.ArrayLike,
     labels: npt.ArrayLike,
-    preds: dict[str, npt.ArrayLike],
+    preds: Mapping[str, npt.ArrayLike],
     window_s: float,
     start_s: float = 0.0,
 ) -> list[Window]:
