@@ -25,7 +25,7 @@ def _pairs(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
     return before, after
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(_pairs())
 def test_fast_path_equals_the_reference(pair: tuple[np.ndarray, np.ndarray]) -> None:
     before, after = pair
