@@ -22,7 +22,8 @@ All three run in one serve-local behind one gateway; the updater applies the del
 tick's events are predicted, *before* the trainer learns from them, by the trainer in process (the ceiling) and by
 each served variant through the gateway (REST). AUC and log loss are computed per window of ``window_min`` minutes.
 
-Stream time runs faster than wall time: after each publish the loop waits until the served model answers as the
+Before the stream starts, the stack is brought to steady state (every item row published once with its exported value,
+which creates the delta topic, and applied by the updater). Stream time runs faster than wall time: after each publish the loop waits until the served model answers as the
 trainer's state predicts (within 1e-5 on the tick's events: current tables, and the dense weights of the entry
 version it last wrote), and that wait is the **publish -> served delay** (rows: from the publish call; entry
 refresh: from the moment the entry version is written, its export time reported apart). So every variant serves what
@@ -448,9 +449,9 @@ def _due(t_s: float, every_min: float, tick_s: float) -> bool:
 
 
 @contextlib.contextmanager
-def _stack(root: Path, model_dirs: dict[str, Path], poll_s: float) -> Iterator[tuple[Any, str]]:
+def _stack(root: Path, model_dirs: dict[str, Path], poll_s: float) -> Iterator[tuple[Any, Any, str]]:
     """Kafka, one serve-local with every variant, the updater on the streamed variant, the gateway; yields the
-    broker and the gateway URL."""
+    broker, the updater and the gateway URL."""
     import yaml
 
     from tests.support.gateway import run_gateway
@@ -467,7 +468,7 @@ def _stack(root: Path, model_dirs: dict[str, Path], poll_s: float) -> Iterator[t
         models = {
             k: embedding_model(d, entry=srv.target, shards=[[srv.target]] * 2) for k, d in model_dirs.items()
         }
-        stack.enter_context(
+        upd = stack.enter_context(
             run_updater(
                 {"models": [models["streamed"]], "bootstrap_servers": broker.bootstrap}, root, tag="updater"
             )
@@ -475,11 +476,31 @@ def _stack(root: Path, model_dirs: dict[str, Path], poll_s: float) -> Iterator[t
         cfg = root / "gateway.yaml"
         cfg.write_text(yaml.safe_dump({"models": list(models.values()), "log": {"access": False}}))
         gw = stack.enter_context(run_gateway(cfg, ready_timeout=120))
-        yield broker, gw.url
+        yield broker, upd, gw.url
+
+
+_T0 = time.perf_counter()
 
 
 def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    print(f"[{time.perf_counter() - _T0:5.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+def _steady(stream: Any, updater: Any, model: Any, timeout_s: float = 120.0) -> None:
+    """Reach steady state before measuring: publish every item row once with its exported value (the served
+    predictions do not change), which creates the delta topic, and wait until the updater applied them."""
+    layer = model.get_layer("item_emb")
+    rows = np.asarray(layer.embeddings.numpy(), np.float32)
+    stream.publisher.publish_keys("item_emb", np.arange(len(rows), dtype=np.int64), rows)
+    stream.publisher.flush(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while updater.metric("embedgate_updater_rows_applied_total") < len(rows):
+        updater.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the updater did not apply {len(rows)} rows in {timeout_s:g} s:\n{updater.log_tail()}"
+            )
+        time.sleep(0.05)
 
 
 @dataclass
@@ -527,7 +548,8 @@ def run(plan: Plan, world_cfg: WorldConfig, seed: int = 1) -> Result:
         times: list[npt.NDArray[np.float64]] = []
         labels: list[npt.NDArray[np.float32]] = []
         preds: dict[str, list[npt.NDArray[np.float64]]] = {v: [] for v in (*VARIANTS, "truth")}
-        with _stack(root, dirs, plan.poll_s) as (broker, url):
+        _say("exported the three variants; starting Kafka, serve-local, the updater, the gateway")
+        with _stack(root, dirs, plan.poll_s) as (broker, updater, url):
             served = Served(url)
             stream = StreamRows(
                 dirs["streamed"],
@@ -539,6 +561,7 @@ def run(plan: Plan, world_cfg: WorldConfig, seed: int = 1) -> Result:
                 producer_id="freshness-quality",
             )
             try:
+                _steady(stream, updater, shadow.trainer)
                 _say(f"stack up; streaming {plan.eval_min:g} stream minutes ({plan.ticks} ticks)")
                 for k in range(plan.ticks):
                     ev = world.sample(plan.events_per_tick)
@@ -675,10 +698,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="6 stream minutes after a 10-minute warm-up (instead of 40 after 20)",
+        help="5 stream minutes instead of 40",
     )
-    ap.add_argument("--eval-min", type=float, help="stream minutes evaluated (default 40, --quick 6)")
-    ap.add_argument("--warmup-min", type=float, help="default 20 (--quick 10)")
+    ap.add_argument("--eval-min", type=float, help="stream minutes evaluated (default 40, --quick 5)")
+    ap.add_argument("--warmup-min", type=float, default=20.0)
     ap.add_argument(
         "--tick-s", type=float, default=5.0, help="stream seconds per tick (rows are published per tick)"
     )
@@ -696,8 +719,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     plan = Plan(
-        warmup_min=args.warmup_min or (10.0 if args.quick else 20.0),
-        eval_min=args.eval_min or (6.0 if args.quick else 40.0),
+        warmup_min=args.warmup_min or 20.0,
+        eval_min=args.eval_min or (5.0 if args.quick else 40.0),
         tick_s=args.tick_s,
         events_per_tick=args.events_per_tick,
         entry_every_min=args.entry_every_min,
