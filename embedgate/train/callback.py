@@ -149,7 +149,9 @@ class StreamRows(keras.callbacks.Callback):  # type: ignore[misc]  # Keras ships
             served, keys = b.served(rows)
             if len(keys):
                 self.publisher.publish_keys(b.table, keys, now[served])
-            snap[rows] = now[rows]
+            if len(rows):
+                np.copyto(snap, now)  # bit for bit what was just published: unchanged rows are equal already,
+                # and one copy of the table is cheaper than a gather and scatter of many rows
             total += len(keys)
         self._publish_all_first = False
         self._last_publish = time.monotonic()
