@@ -43,7 +43,7 @@ from gateway.errors import (
     clip,
     public_message,
 )
-from gateway.grpc_front.messages import Parsed, check_message, parse_message
+from gateway.grpc_front.messages import Parsed, check_message, check_spec_sizes, parse_message
 from gateway.lifespan import Call, Runtime
 from gateway.limits import offload, parse_pool, release_memory, request_scope
 from schemas.proto import tfs_pb2
@@ -206,6 +206,7 @@ class _Servicer:
                     raw = await self._read(context, held)
                 finally:
                     self._receiving -= 1
+                check_spec_sizes(raw)  # before a byte of it is copied or parsed
                 work = self._core(call, kind, raw, authorization, deadline, fn)
                 resp, degraded = await asyncio.wrap_future(
                     asyncio.run_coroutine_threadsafe(work, self.core_loop)

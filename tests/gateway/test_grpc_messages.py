@@ -10,7 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import InvalidArgument, PayloadTooLarge
-from gateway.grpc_front.messages import MAX_RANK, check_examples, check_message, check_tensor, parse_message
+from gateway.grpc_front.messages import (
+    MAX_NAME_BYTES,
+    MAX_RANK,
+    check_examples,
+    check_message,
+    check_spec_sizes,
+    check_tensor,
+    parse_message,
+)
 from schemas.gateway_settings import LimitsSettings
 from schemas.proto import tfs_pb2
 
@@ -116,3 +124,51 @@ def test_parse_message_checks_and_sizes() -> None:
     cls = tfs_pb2.ClassificationRequest(input=_examples(1001, 0))
     with pytest.raises(PayloadTooLarge, match="max_instances"):
         parse_message(tfs_pb2.ClassificationRequest, cls.SerializeToString(), _LIMITS, _MAX_BODY)
+
+
+_SPEC_TEXT = st.text(alphabet="ab.", max_size=20) | st.integers(4090, 4100).map(lambda n: "x" * n)
+
+
+@given(
+    name=_SPEC_TEXT,
+    signature=_SPEC_TEXT,
+    label=st.none() | _SPEC_TEXT,
+    kind=st.sampled_from(
+        [
+            tfs_pb2.PredictRequest,
+            tfs_pb2.ClassificationRequest,
+            tfs_pb2.RegressionRequest,
+            tfs_pb2.GetModelMetadataRequest,
+            tfs_pb2.GetModelStatusRequest,
+        ]
+    ),
+)
+def test_spec_sizes_from_the_wire_agree_with_the_parsed_message(
+    name: str, signature: str, label: str | None, kind: type[Any]
+) -> None:
+    spec = tfs_pb2.ModelSpec(name=name, signature_name=signature)
+    if label is None:
+        spec.version.value = 7
+    else:
+        spec.version_label = label
+    raw = kind(model_spec=spec).SerializeToString()
+    too_long = [
+        f
+        for f, v in (("name", name), ("signature_name", signature), ("version_label", label))
+        if v and len(v) > MAX_NAME_BYTES
+    ]
+    if too_long:
+        with pytest.raises(
+            InvalidArgument, match=rf"model_spec\.({'|'.join(too_long)}) is (4,09[7-9]|4,100) bytes"
+        ):
+            check_spec_sizes(raw)
+    else:
+        check_spec_sizes(raw)
+
+
+@given(st.binary(max_size=64))
+def test_spec_sizes_leave_what_they_cannot_read_to_the_parser(raw: bytes) -> None:
+    try:
+        check_spec_sizes(raw)
+    except InvalidArgument as exc:  # only for a readable spec with a long string, which 64 bytes cannot hold
+        pytest.fail(str(exc))
