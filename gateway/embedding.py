@@ -43,7 +43,14 @@ from schemas.manifest import (
 from schemas.partition import shard_for
 from schemas.wire import bfloat16_bits
 
-__all__ = ["LookupPlan", "entry_inputs", "plan_lookups", "pool", "unique_inputs"]
+__all__ = [
+    "LookupPlan",
+    "entry_inputs",
+    "plan_lookups",
+    "plan_lookups_reference",
+    "pool",
+    "unique_inputs",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,7 +72,41 @@ class LookupPlan:
 
 
 def plan_lookups(batch: FeatureBatch, manifest: Manifest) -> LookupPlan:
-    """Dedupe ``batch``'s ids per table and route them to shards with ``shard_for``.
+    """Dedupe ``batch``'s ids per table and route them to shards with ``shard_for``: natively
+    (:func:`gateway.native.plan_lookups`, one pass with a hash map per table, without the GIL) when the native path
+    is on, else :func:`plan_lookups_reference`. Both give the same plan (``tests/gateway/test_native_plan.py``);
+    the native ``_rows`` are int32, the reference's intp."""
+    from gateway import native
+
+    num_shards = manifest.num_shards
+    features = manifest.sparse_features
+    index = {t.name: k for k, t in enumerate(manifest.tables)}
+    done = native.plan_lookups(
+        [batch.sparse[f.name].ids for f in features],
+        [index[f.table] for f in features],
+        len(index),
+        num_shards,
+    )
+    if done is None:
+        return plan_lookups_reference(batch, manifest)
+    grouped, bounds, positions = done
+    edges = bounds.tolist()
+    num_tables = len(index)
+    shard_ids = [
+        {t: grouped[edges[s * num_tables + k] : edges[s * num_tables + k + 1]] for t, k in index.items()}
+        for s in range(num_shards)
+    ]
+    rows: dict[str, np.ndarray] = {}
+    offset = 0
+    for f in features:
+        n = batch.sparse[f.name].ids.size
+        rows[f.name] = positions[offset : offset + n]
+        offset += n
+    return LookupPlan(shard_ids=shard_ids, _rows=rows)
+
+
+def plan_lookups_reference(batch: FeatureBatch, manifest: Manifest) -> LookupPlan:
+    """The pure-numpy reference of :func:`plan_lookups`.
 
     One pass over every table together: the ids of all features are concatenated with their table's index, sorted
     once by (table, id) (one ``np.unique`` of packed keys when ids are non-negative and small enough), deduplicated, routed with one ``shard_for`` call and grouped by (shard, table) with one
@@ -178,7 +219,7 @@ def unique_inputs(
             out[key] = rows
     for f in manifest.sparse_features:
         sparse = batch.sparse[f.name]
-        out[entry_index_input(f.name)] = plan._rows[f.name].astype(np.int32)
+        out[entry_index_input(f.name)] = plan._rows[f.name].astype(np.int32, copy=False)
         if f.kind is FeatureKind.MULTI:
             out[entry_splits_input(f.name)] = sparse.row_splits.astype(np.int32)
         if f.weights:

@@ -8,6 +8,12 @@ Today the native code types REST predict bodies for plain (pass-through) models:
 only well-formed numeric/boolean bodies; for every other body it returns None and the caller runs the reference
 (which also words every error), so both paths give the same tensors or the same error by construction of the
 fallback, and ``tests/gateway/test_native_codec.py`` checks the tensors are the same.
+
+For embedding models it plans the lookups of every batch (:func:`plan_lookups`: dedupe, splitmix64 routing,
+(shard, table) grouping and each id's row; reference ``gateway.embedding.plan_lookups_reference``) and holds the
+hot-row cache's id -> slot index (:func:`slot_index`; reference: a ``dict``). Both take every input the reference
+takes (no per-request fallback); ``tests/gateway/test_native_plan.py`` checks they give the same plans and the same
+entry requests.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -24,11 +30,20 @@ import numpy as np
 from gateway.codec.json_tensor import Format
 
 if TYPE_CHECKING:
-    from embedgate_native import CheckedBody
+    from embedgate_native import CheckedBody, SlotIndex
 
     from schemas.gateway_settings import LimitsSettings
 
-__all__ = ["ENV", "available", "check_predict", "checked_tensors", "path", "predict_tensors"]
+__all__ = [
+    "ENV",
+    "available",
+    "check_predict",
+    "checked_tensors",
+    "path",
+    "plan_lookups",
+    "predict_tensors",
+    "slot_index",
+]
 
 ENV: Final = (
     "EMBEDGATE_NATIVE"  # "off" forces the Python reference; anything else (default "auto") uses native
@@ -96,3 +111,34 @@ def checked_tensors(
         return None
     arrays, fmt = done
     return arrays, Format(fmt)
+
+
+def plan_lookups(
+    ids: Sequence[np.ndarray], tables: Sequence[int], num_tables: int, num_shards: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The lookup plan of one batch computed natively, or None when the native path is off.
+
+    ``ids[k]``: sparse feature k's ids (int64 [n_k]); ``tables[k]``: its table's index in ``[0, num_tables)``.
+    Returns ``(grouped, bounds, rows)``: int64 ``grouped`` holds every (shard, table) group's unique ids, ascending,
+    groups in (shard, table) order (group ``g = shard * num_tables + table`` is ``grouped[bounds[g]:bounds[g + 1]]``);
+    int32 ``rows``, per id of every feature in feature order, its row in its table's answers concatenated in shard
+    order. What ``gateway.embedding.plan_lookups_reference`` computes with numpy."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return None
+    arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in ids]
+    done: tuple[np.ndarray, np.ndarray, np.ndarray] = mod.plan_lookups(
+        arrays, list(tables), num_tables, num_shards
+    )
+    return done
+
+
+def slot_index() -> dict[int, int] | SlotIndex:
+    """A new, empty id -> slot index for one table of the hot-row cache: the native ``SlotIndex`` (a Rust hash map
+    with the ``dict`` methods the cache uses and a bulk ``slots(ids, missing)``) when the native path is on, else a
+    ``dict`` (the reference)."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return {}
+    index: SlotIndex = mod.SlotIndex()
+    return index

@@ -11,6 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde_json::{Map, Value};
 
+mod plan;
+
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
 const DT_DOUBLE: i32 = 2;
@@ -405,5 +407,6 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(predict_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(check_predict, m)?)?;
     m.add_class::<CheckedBody>()?;
+    plan::register(m)?;
     Ok(())
 }

@@ -1,0 +1,243 @@
+//! Embedding lookups' per-id work: the lookup plan (`plan_lookups`) and the hot-row cache's id -> slot index
+//! (`SlotIndex`). The Python references are `gateway.embedding.plan_lookups` and the `dict` of `gateway.cache._Slab`;
+//! `gateway/native.py` is the only door.
+//!
+//! Plan contract (the reference's, exactly): ids are deduplicated per table over the whole batch (every feature
+//! reading the table), routed with splitmix64 (`schemas/partition.py`: shard = mix64(id) % num_shards, on the id's
+//! two's-complement bits) and grouped by (shard, table) in that order, ascending (signed) ids within a group. Each
+//! id of a feature gets its row in its table's answers concatenated in shard order, which is the id's position in
+//! the table's unique ids sorted by (shard, id).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+const M1: u64 = 0xBF58_476D_1CE4_E5B9;
+const M2: u64 = 0x94D0_49BB_1331_11EB;
+
+/// SplitMix64 of an id's 64 bits (`schemas.partition.mix64`), wrapping.
+#[inline]
+fn mix64(id: i64) -> u64 {
+    let mut z = (id as u64).wrapping_add(GAMMA);
+    z = (z ^ (z >> 30)).wrapping_mul(M1);
+    z = (z ^ (z >> 27)).wrapping_mul(M2);
+    z ^ (z >> 31)
+}
+
+/// Hashes one i64 key with mix64: ids are often dense small integers, which the table's probing needs spread.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = mix64((self.0 as i64) ^ i64::from(b));
+        }
+    }
+    fn write_i64(&mut self, id: i64) {
+        self.0 = mix64(id);
+    }
+}
+
+type IdMap<V> = HashMap<i64, V, BuildHasherDefault<IdHasher>>;
+
+/// The plan of one batch: `grouped` (every (shard, table) group's unique ids, groups in (shard, table) order),
+/// `bounds` (group g is `grouped[bounds[g]..bounds[g + 1]]`, g = shard * num_tables + table) and `rows` (per id of
+/// every feature in feature order, its row in its table's answers).
+struct Plan {
+    grouped: Vec<i64>,
+    bounds: Vec<i64>,
+    rows: Vec<i32>,
+}
+
+fn plan(features: &[&[i64]], tables: &[usize], num_tables: usize, num_shards: usize) -> Plan {
+    let total: usize = features.iter().map(|f| f.len()).sum();
+    let mut rows = vec![0i32; total];
+    let mut offsets = Vec::with_capacity(features.len());
+    let mut at = 0usize;
+    for f in features {
+        offsets.push(at);
+        at += f.len();
+    }
+    // per table: its unique ids sorted by (shard, id), and each group's size
+    let mut per_table: Vec<Vec<(u64, i64)>> = Vec::with_capacity(num_tables);
+    for t in 0..num_tables {
+        let mut seen: IdMap<u32> = IdMap::default();
+        let mut unique: Vec<i64> = Vec::new();
+        let mut local: Vec<u32> = Vec::new(); // per id of this table's features (feature order): index into unique
+        for (k, f) in features.iter().enumerate() {
+            if tables[k] != t {
+                continue;
+            }
+            seen.reserve(f.len());
+            for &id in f.iter() {
+                let next = unique.len() as u32;
+                let u = *seen.entry(id).or_insert_with(|| {
+                    unique.push(id);
+                    next
+                });
+                local.push(u);
+            }
+        }
+        let mut keyed: Vec<(u64, i64, u32)> = unique
+            .iter()
+            .enumerate()
+            .map(|(u, &id)| (mix64(id) % num_shards as u64, id, u as u32))
+            .collect();
+        keyed.sort_unstable();
+        let mut row_of = vec![0i32; unique.len()];
+        for (pos, &(_, _, u)) in keyed.iter().enumerate() {
+            row_of[u as usize] = pos as i32;
+        }
+        let mut next = 0usize;
+        for (k, f) in features.iter().enumerate() {
+            if tables[k] != t {
+                continue;
+            }
+            let out = &mut rows[offsets[k]..offsets[k] + f.len()];
+            for (slot, &u) in out.iter_mut().zip(&local[next..next + f.len()]) {
+                *slot = row_of[u as usize];
+            }
+            next += f.len();
+        }
+        per_table.push(keyed.into_iter().map(|(s, id, _)| (s, id)).collect());
+    }
+    let mut grouped = Vec::with_capacity(per_table.iter().map(Vec::len).sum());
+    let mut bounds = Vec::with_capacity(num_shards * num_tables + 1);
+    bounds.push(0i64);
+    let mut cursor = vec![0usize; num_tables];
+    for s in 0..num_shards as u64 {
+        for (t, sorted) in per_table.iter().enumerate() {
+            let c = &mut cursor[t];
+            while *c < sorted.len() && sorted[*c].0 == s {
+                grouped.push(sorted[*c].1);
+                *c += 1;
+            }
+            bounds.push(grouped.len() as i64);
+        }
+    }
+    Plan { grouped, bounds, rows }
+}
+
+/// `(grouped, bounds, rows)` of the lookup plan of one batch (module docstring). `ids[k]`: feature k's ids (int64,
+/// contiguous), `tables[k]`: the index of its table in `[0, num_tables)`. Runs without the GIL.
+#[pyfunction]
+pub fn plan_lookups<'py>(
+    py: Python<'py>,
+    ids: Vec<PyReadonlyArray1<'py, i64>>,
+    tables: Vec<usize>,
+    num_tables: usize,
+    num_shards: usize,
+) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i32>>)> {
+    if ids.len() != tables.len() {
+        return Err(PyValueError::new_err("plan_lookups: one table index per feature"));
+    }
+    if num_shards == 0 || tables.iter().any(|&t| t >= num_tables) {
+        return Err(PyValueError::new_err("plan_lookups: a table index or num_shards out of range"));
+    }
+    let slices = ids
+        .iter()
+        .map(|a| a.as_slice().map_err(|_| PyTypeError::new_err("plan_lookups: ids must be contiguous")))
+        .collect::<PyResult<Vec<&[i64]>>>()?;
+    let total: usize = slices.iter().map(|s| s.len()).sum();
+    if total >= i32::MAX as usize {
+        return Err(PyValueError::new_err("plan_lookups: too many ids for int32 rows"));
+    }
+    let done = py.allow_threads(|| plan(&slices, &tables, num_tables, num_shards));
+    Ok((
+        PyArray1::from_vec(py, done.grouped),
+        PyArray1::from_vec(py, done.bounds),
+        PyArray1::from_vec(py, done.rows),
+    ))
+}
+
+/// The hot-row cache's id -> slot index of one table (`gateway.cache._Slab.index`): the `dict` methods the cache
+/// uses, plus `slots`, the read path's bulk lookup.
+#[pyclass(module = "embedgate_native")]
+#[derive(Default)]
+pub struct SlotIndex {
+    map: IdMap<i64>,
+}
+
+#[pymethods]
+impl SlotIndex {
+    #[new]
+    fn new() -> Self {
+        SlotIndex::default()
+    }
+
+    fn __len__(&self) -> usize {
+        self.map.len()
+    }
+
+    fn __contains__(&self, id: i64) -> bool {
+        self.map.contains_key(&id)
+    }
+
+    fn __setitem__(&mut self, id: i64, slot: i64) {
+        self.map.insert(id, slot);
+    }
+
+    fn __getitem__(&self, id: i64) -> PyResult<i64> {
+        self.map.get(&id).copied().ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(id))
+    }
+
+    #[pyo3(signature = (id, default=None))]
+    fn get(&self, id: i64, default: Option<i64>) -> Option<i64> {
+        self.map.get(&id).copied().or(default)
+    }
+
+    #[pyo3(signature = (id, default=None))]
+    fn pop(&mut self, id: i64, default: Option<i64>) -> Option<i64> {
+        self.map.remove(&id).or(default)
+    }
+
+    /// int64 [n]: the slot of each of `ids` (int64, contiguous), `missing` where the index does not hold it.
+    fn slots<'py>(
+        &self,
+        py: Python<'py>,
+        ids: PyReadonlyArray1<'py, i64>,
+        missing: i64,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let ids = ids
+            .as_slice()
+            .map_err(|_| PyTypeError::new_err("SlotIndex.slots: ids must be contiguous"))?;
+        let out: Vec<i64> = ids.iter().map(|id| self.map.get(id).copied().unwrap_or(missing)).collect();
+        Ok(PyArray1::from_vec(py, out))
+    }
+}
+
+/// Registers this module's functions and classes on `embedgate_native`.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(plan_lookups, m)?)?;
+    m.add_class::<SlotIndex>()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mix64_matches_the_reference() {
+        // schemas.partition.mix64([0, 1, -1])
+        assert_eq!(mix64(0), 0xE220_A839_7B1D_CDAF);
+    }
+
+    #[test]
+    fn plan_dedupes_per_table_and_orders_groups() {
+        let a: &[i64] = &[5, 3, 5];
+        let b: &[i64] = &[3, 7];
+        let p = plan(&[a, b], &[0, 0], 1, 1);
+        assert_eq!(p.grouped, vec![3, 5, 7]);
+        assert_eq!(p.bounds, vec![0, 3]);
+        assert_eq!(p.rows, vec![1, 0, 1, 0, 2]);
+    }
+}
