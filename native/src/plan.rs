@@ -57,6 +57,95 @@ struct Plan {
     rows: Vec<i32>,
 }
 
+/// Deduplicates i64 ids: an open-addressing table (linear probing, power-of-two capacity, at most half full)
+/// from id to its index in `unique` (first-seen order). mix64 spreads dense small ids over the slots.
+struct Dedup {
+    keys: Vec<i64>,
+    slots: Vec<u32>, // index into `unique` + 1; 0 = empty
+    mask: usize,
+    unique: Vec<i64>,
+}
+
+impl Dedup {
+    fn new(expected: usize) -> Self {
+        let cap = (expected.max(8) * 2).next_power_of_two().min(1 << 16).max(16);
+        Dedup { keys: vec![0; cap], slots: vec![0; cap], mask: cap - 1, unique: Vec::new() }
+    }
+
+    /// The index of `id` in `unique`, added there if new.
+    #[inline]
+    fn index(&mut self, id: i64) -> u32 {
+        let mut at = (mix64(id) as usize) & self.mask;
+        loop {
+            let slot = self.slots[at];
+            if slot == 0 {
+                break;
+            }
+            if self.keys[at] == id {
+                return slot - 1;
+            }
+            at = (at + 1) & self.mask;
+        }
+        let u = self.unique.len() as u32;
+        self.unique.push(id);
+        self.keys[at] = id;
+        self.slots[at] = u + 1;
+        if self.unique.len() * 2 > self.slots.len() {
+            self.grow();
+        }
+        u
+    }
+
+    /// The index in `unique` of an id `index` added.
+    #[inline]
+    fn find(&self, id: i64) -> u32 {
+        let mut at = (mix64(id) as usize) & self.mask;
+        while self.keys[at] != id || self.slots[at] == 0 {
+            at = (at + 1) & self.mask;
+        }
+        self.slots[at] - 1
+    }
+
+    fn grow(&mut self) {
+        let cap = self.slots.len() * 2;
+        self.keys = vec![0; cap];
+        self.slots = vec![0; cap];
+        self.mask = cap - 1;
+        for (u, &id) in self.unique.iter().enumerate() {
+            let mut at = (mix64(id) as usize) & self.mask;
+            while self.slots[at] != 0 {
+                at = (at + 1) & self.mask;
+            }
+            self.keys[at] = id;
+            self.slots[at] = u as u32 + 1;
+        }
+    }
+}
+
+/// One table's unique ids (`dedup.unique`) sorted by (shard, id) and, per unique id in first-seen order, its
+/// position there. Sorts the bare ids (a primitive sort), then a stable counting sort by shard.
+fn order_by_shard(dedup: &Dedup, num_shards: usize) -> (Vec<(u32, i64)>, Vec<i32>) {
+    let mut ids = dedup.unique.clone();
+    ids.sort_unstable();
+    let shards: Vec<u32> = ids.iter().map(|&id| (mix64(id) % num_shards as u64) as u32).collect();
+    let mut start = vec![0usize; num_shards + 1];
+    for &s in &shards {
+        start[s as usize + 1] += 1;
+    }
+    for s in 0..num_shards {
+        start[s + 1] += start[s];
+    }
+    let mut sorted = vec![(0u32, 0i64); ids.len()];
+    let mut row_of = vec![0i32; ids.len()];
+    for (&id, &s) in ids.iter().zip(&shards) {
+        let pos = start[s as usize];
+        start[s as usize] += 1;
+        sorted[pos] = (s, id);
+        row_of[dedup.find(id) as usize] = pos as i32;
+    }
+    (sorted, row_of)
+}
+
 fn plan(features: &[&[i64]], tables: &[usize], num_tables: usize, num_shards: usize) -> Plan {
     let total: usize = features.iter().map(|f| f.len()).sum();
     let mut rows = vec![0i32; total];
@@ -66,54 +155,31 @@ fn plan(features: &[&[i64]], tables: &[usize], num_tables: usize, num_shards: us
         offsets.push(at);
         at += f.len();
     }
-    // per table: its unique ids sorted by (shard, id), and each group's size
-    let mut per_table: Vec<Vec<(u64, i64)>> = Vec::with_capacity(num_tables);
+    // per table: its unique ids sorted by (shard, id)
+    let mut per_table: Vec<Vec<(u32, i64)>> = Vec::with_capacity(num_tables);
     for t in 0..num_tables {
-        let mut seen: IdMap<u32> = IdMap::default();
-        let mut unique: Vec<i64> = Vec::new();
-        let mut local: Vec<u32> = Vec::new(); // per id of this table's features (feature order): index into unique
-        for (k, f) in features.iter().enumerate() {
-            if tables[k] != t {
-                continue;
-            }
-            seen.reserve(f.len());
-            for &id in f.iter() {
-                let next = unique.len() as u32;
-                let u = *seen.entry(id).or_insert_with(|| {
-                    unique.push(id);
-                    next
-                });
-                local.push(u);
+        let mine: Vec<usize> = (0..features.len()).filter(|&k| tables[k] == t).collect();
+        let count: usize = mine.iter().map(|&k| features[k].len()).sum();
+        let mut dedup = Dedup::new(count);
+        for &k in &mine {
+            let out = &mut rows[offsets[k]..offsets[k] + features[k].len()];
+            for (slot, &id) in out.iter_mut().zip(features[k]) {
+                *slot = dedup.index(id) as i32; // first-seen index for now, the row below
             }
         }
-        let mut keyed: Vec<(u64, i64, u32)> = unique
-            .iter()
-            .enumerate()
-            .map(|(u, &id)| (mix64(id) % num_shards as u64, id, u as u32))
-            .collect();
-        keyed.sort_unstable();
-        let mut row_of = vec![0i32; unique.len()];
-        for (pos, &(_, _, u)) in keyed.iter().enumerate() {
-            row_of[u as usize] = pos as i32;
-        }
-        let mut next = 0usize;
-        for (k, f) in features.iter().enumerate() {
-            if tables[k] != t {
-                continue;
+        let (sorted, row_of) = order_by_shard(&dedup, num_shards);
+        for &k in &mine {
+            for slot in rows[offsets[k]..offsets[k] + features[k].len()].iter_mut() {
+                *slot = row_of[*slot as usize];
             }
-            let out = &mut rows[offsets[k]..offsets[k] + f.len()];
-            for (slot, &u) in out.iter_mut().zip(&local[next..next + f.len()]) {
-                *slot = row_of[u as usize];
-            }
-            next += f.len();
         }
-        per_table.push(keyed.into_iter().map(|(s, id, _)| (s, id)).collect());
+        per_table.push(sorted);
     }
     let mut grouped = Vec::with_capacity(per_table.iter().map(Vec::len).sum());
     let mut bounds = Vec::with_capacity(num_shards * num_tables + 1);
     bounds.push(0i64);
     let mut cursor = vec![0usize; num_tables];
-    for s in 0..num_shards as u64 {
+    for s in 0..num_shards as u32 {
         for (t, sorted) in per_table.iter().enumerate() {
             let c = &mut cursor[t];
             while *c < sorted.len() && sorted[*c].0 == s {
