@@ -189,9 +189,23 @@ def pool(
     """
     tables = _unique_rows(plan, shard_values, manifest)
     return {
-        f.name: _combine(tables[f.table][plan._rows[f.name]], batch.sparse[f.name], f, batch.size)
-        for f in manifest.sparse_features
+        f.name: _pool_one(tables[f.table], plan._rows[f.name], batch, f) for f in manifest.sparse_features
     }
+
+
+def _pool_one(
+    table: np.ndarray, rows: np.ndarray, batch: FeatureBatch, spec: SparseFeatureSpec
+) -> np.ndarray:
+    """One feature pooled: natively (:func:`gateway.native.pool_feature`) when the native path is on, else
+    :func:`_combine` of the gathered rows (the reference; both give the same bits)."""
+    from gateway import native
+
+    sparse = batch.sparse[spec.name]
+    splits = None if spec.kind is FeatureKind.SINGLE else sparse.row_splits
+    done = native.pool_feature(table, rows, splits, sparse.weights, spec.combiner.value)
+    if done is not None:
+        return done
+    return _combine(table[rows], sparse, spec, batch.size)
 
 
 def unique_inputs(

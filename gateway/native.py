@@ -11,9 +11,10 @@ fallback, and ``tests/gateway/test_native_codec.py`` checks the tensors are the 
 
 For embedding models it plans the lookups of every batch (:func:`plan_lookups`: dedupe, splitmix64 routing,
 (shard, table) grouping and each id's row; reference ``gateway.embedding.plan_lookups_reference``) and holds the
-hot-row cache's id -> slot index (:func:`slot_index`; reference: a ``dict``). Both take every input the reference
-takes (no per-request fallback); ``tests/gateway/test_native_plan.py`` checks they give the same plans and the same
-entry requests.
+hot-row cache's id -> slot index (:func:`slot_index`; reference: a ``dict``), and pools the rows of a ``pooled``
+entry (:func:`pool_feature`; reference ``gateway.embedding._combine``). All three take every input the reference
+takes (no per-request fallback); ``tests/gateway/test_native_plan.py`` checks they give the same plans, the same
+pooled rows (bit for bit) and the same entry requests.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "checked_tensors",
     "path",
     "plan_lookups",
+    "pool_feature",
     "predict_tensors",
     "slot_index",
 ]
@@ -142,3 +144,32 @@ def slot_index() -> dict[int, int] | SlotIndex:
         return {}
     index: SlotIndex = mod.SlotIndex()
     return index
+
+
+_COMBINERS: Final = {"sum": 0, "mean": 1, "sqrtn": 2}
+
+
+def pool_feature(
+    table: np.ndarray,
+    rows: np.ndarray,
+    row_splits: np.ndarray | None,
+    weights: np.ndarray | None,
+    combiner: str,
+) -> np.ndarray | None:
+    """One sparse feature pooled natively, float32 [B, dim], or None when the native path is off.
+
+    ``table``: float32 [U, dim], the distinct rows of the feature's table; ``rows``: each id's row in it;
+    ``row_splits``: int64 [B + 1] of a multi feature, None for a single one; ``weights``: float32 per id or None;
+    ``combiner``: ``sum``, ``mean`` or ``sqrtn`` (ignored for a single feature). Bit for bit what
+    ``gateway.embedding._combine`` computes from ``table[rows]`` (numpy's summation order included)."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return None
+    pooled: np.ndarray = mod.pool_feature(
+        np.ascontiguousarray(table, dtype=np.float32),
+        np.ascontiguousarray(rows, dtype=np.int32),
+        None if row_splits is None else np.ascontiguousarray(row_splits, dtype=np.int64),
+        None if weights is None else np.ascontiguousarray(weights, dtype=np.float32),
+        _COMBINERS[combiner],
+    )
+    return pooled

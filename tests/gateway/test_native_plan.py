@@ -26,17 +26,31 @@ from hypothesis import strategies as st
 
 from gateway import native
 from gateway.cache import RowCache
-from gateway.embedding import LookupPlan, entry_inputs, plan_lookups, plan_lookups_reference, pool
-from gateway.features import FeatureBatch, batch_from_columns, batch_from_input, batch_from_instances
+from gateway.embedding import (
+    LookupPlan,
+    _combine,
+    entry_inputs,
+    plan_lookups,
+    plan_lookups_reference,
+    pool,
+)
+from gateway.features import (
+    FeatureBatch,
+    SparseInput,
+    batch_from_columns,
+    batch_from_input,
+    batch_from_instances,
+)
 from gateway.grpc_front.features import batch_from_tensors
 from gateway.lookup_mapping import HashInput, LookupKind, LookupMapping, attach_lookups, detach_lookups
-from schemas.manifest import Manifest
+from schemas.manifest import Combiner, FeatureKind, Manifest, SparseFeatureSpec
 from schemas.proto import tfs_pb2
 from schemas.tensors import from_ndarray
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="embedgate_native is not built (make install)")
 
 _I64 = st.integers(-(2**63), 2**63 - 1)
+_WEIGHT = st.one_of(st.sampled_from([0.0, 1.0, -1.0, 0.5]), st.floats(-1e3, 1e3, width=32))
 _ID = st.one_of(st.integers(0, 12), st.integers(-5, 5), _I64, st.sampled_from([2**62, 2**63 - 1, -(2**63)]))
 
 
@@ -65,7 +79,7 @@ def _manifest(draw: st.DrawFn) -> Manifest:
             f["kind"] = "multi"
             f["combiner"] = draw(st.sampled_from(["sum", "mean", "sqrtn"]))
             f["mask_zero"] = draw(st.booleans())
-            f["max_ids"] = 6
+            f["max_ids"] = 12
         if draw(st.booleans()):
             f["weights"] = f"f{k}_w"
         sparse.append(f)
@@ -114,13 +128,15 @@ def _instances(draw: st.DrawFn, manifest: Manifest) -> list[dict[str, Any]]:
     for _ in range(size):
         ex: dict[str, Any] = {}
         for f in manifest.sparse_features:
-            ids = draw(st.lists(_ID, max_size=6)) if f.kind.value == "multi" else draw(_ID)
+            ids = draw(st.lists(_ID, max_size=12)) if f.kind.value == "multi" else draw(_ID)
             if f.mask_zero and draw(st.booleans()):
-                ids = [*ids, *[0] * draw(st.integers(1, 4))][:6]  # padded the way Keras input is
+                ids = [*ids, *[0] * draw(st.integers(1, 4))][:12]  # padded the way Keras input is
             ex[f.name] = ids
             if f.weights and weighted[f.name]:
                 n = len(ids) if isinstance(ids, list) else None
-                ex[f.weights] = [0.5 + i for i in range(n)] if n is not None else 2.0
+                ex[f.weights] = (
+                    draw(st.lists(_WEIGHT, min_size=n, max_size=n)) if n is not None else draw(_WEIGHT)
+                )
         for d in manifest.dense_features:
             ex[d.name] = [0.25, -1.0]
         out.append(ex)
@@ -181,10 +197,59 @@ def test_native_plan_and_entry_request_equal_the_reference(data: st.DataObject) 
     assert all(r.dtype == np.int32 for r in fast._rows.values())  # the native path ran
     _same_plan(fast, ref)
     values = _shard_values(ref, manifest, data.draw(st.integers(0, 3)))
-    _same_inputs(entry_inputs(fast, values, batch, manifest), entry_inputs(ref, values, batch, manifest))
-    pooled_fast, pooled_ref = pool(fast, values, batch, manifest), pool(ref, values, batch, manifest)
+    with _native("auto"):
+        fast_inputs, pooled_fast = (
+            entry_inputs(fast, values, batch, manifest),
+            pool(fast, values, batch, manifest),
+        )
+    with _native("off"):
+        ref_inputs, pooled_ref = (
+            entry_inputs(ref, values, batch, manifest),
+            pool(ref, values, batch, manifest),
+        )
+    _same_inputs(fast_inputs, ref_inputs)
     for name, rows in pooled_ref.items():
-        assert rows.tobytes() == pooled_fast[name].tobytes()
+        assert rows.dtype == pooled_fast[name].dtype == np.float32
+        assert rows.tobytes() == pooled_fast[name].tobytes(), name
+
+
+_COMBINER = st.sampled_from([Combiner.SUM, Combiner.MEAN, Combiner.SQRTN])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, 300), min_size=1, max_size=5),
+    st.integers(1, 5),
+    _COMBINER,
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+)
+def test_native_pooling_equals_the_reference_bit_for_bit(
+    lengths: list[int], dim: int, combiner: Combiner, weighted: bool, single: bool, seed: int
+) -> None:
+    """Long segments too (numpy sums 8+ and 128+ values pairwise): every combiner, with and without weights."""
+    rng = np.random.default_rng(seed)
+    if single:
+        lengths = [1] * len(lengths)
+    splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    nnz = int(splits[-1])
+    table = (rng.standard_normal((max(1, nnz // 2), dim)) * rng.choice([1e-3, 1.0, 1e3])).astype(np.float32)
+    table[0] = -0.0
+    rows = rng.integers(0, table.shape[0], nnz).astype(np.int32)
+    weights = None
+    if weighted:
+        weights = rng.choice([0.0, -0.0, 1.0, -2.5, 1e-3, 7.0], nnz).astype(np.float32)
+    spec = SparseFeatureSpec(
+        name="f", table="t", kind=FeatureKind.SINGLE if single else FeatureKind.MULTI, combiner=combiner
+    )
+    sparse = SparseInput(ids=rows.astype(np.int64), row_splits=splits, weights=weights)
+    with _native("auto"):
+        got = native.pool_feature(table, rows, None if single else splits, weights, combiner.value)
+    assert got is not None
+    want = _combine(table[rows], sparse, spec, len(lengths))
+    assert (got.dtype, got.shape) == (want.dtype, want.shape)
+    assert got.tobytes() == want.tobytes()
 
 
 def test_native_off_runs_the_reference() -> None:
@@ -193,6 +258,10 @@ def test_native_off_runs_the_reference() -> None:
     with _native("off"):
         assert native.plan_lookups([batch.sparse["h"].ids], [0], 1, 1) is None
         assert isinstance(native.slot_index(), dict)
+        assert (
+            native.pool_feature(np.zeros((1, 1), np.float32), np.zeros(1, np.int32), None, None, "sum")
+            is None
+        )
         assert plan_lookups(batch, manifest)._rows["h"].dtype == np.intp
 
 
@@ -252,7 +321,9 @@ def test_padded_history_is_masked_on_every_form(mode: str) -> None:
         _same_plan(fast, ref)
         assert 0 not in np.concatenate([s["items"] for s in fast.shard_ids]).tolist(), form
         values = _shard_values(ref, manifest, 1)
-        _same_inputs(entry_inputs(fast, values, batch, manifest), entry_inputs(ref, values, batch, manifest))
+        with _native("off"):
+            ref_inputs = entry_inputs(ref, values, batch, manifest)
+        _same_inputs(entry_inputs(fast, values, batch, manifest), ref_inputs)
         pooled = pool(fast, values, batch, manifest)["h"]
         rows = {
             int(i): v
