@@ -22,10 +22,11 @@ Freshness rules (docs/gateway.md "Hot-row cache" states the bound):
    ``max_lag_s``; :attr:`RowCache.serving` says so, with :attr:`RowCache.reason`.
 4. When a PS answer comes from another model version than the cached rows, the cache is emptied first.
 
-Storage: each table's rows live in one float32 array (a slab, grown by doubling, freed slots reused), with a dict
-from id to slot and, per slot, the tick of its last use (a counter over all tables: every row touched gets the next
-one, in the order touched). A read is a few C-level passes per table (dict lookups through ``map``, one gather, one
-tick assignment) however many ids it asks, not a Python loop over the ids. Eviction is least recently used by tick,
+Storage: each table's rows live in one float32 array (a slab, grown by doubling, freed slots reused), with an index
+from id to slot (a ``dict``, or with the native path on the Rust ``SlotIndex``: :func:`gateway.native.slot_index`)
+and, per slot, the tick of its last use (a counter over all tables: every row touched gets the next one, in the
+order touched). A read is a few C-level passes per table (one ``SlotIndex.slots`` call, or dict lookups through
+``map``; one gather, one tick assignment) however many ids it asks, not a Python loop over the ids. Eviction is least recently used by tick,
 exactly; when it runs it evicts what is needed plus 1/32 of the rows held, so that its scan for the oldest rows
 (linear in the rows held) runs once per ~1/32 of the cache's turnover rather than on every fill.
 
