@@ -100,7 +100,7 @@ def _manifest(draw: st.DrawFn) -> Manifest:
     )
 
 
-def _lookups(draw: st.DrawFn, manifest: Manifest) -> dict[str, LookupMapping]:
+def _lookups(draw: Any, manifest: Manifest) -> dict[str, LookupMapping]:
     """Integer-lookup or integer-hashing layers on some features (strings reach the plan as int64 keys too)."""
     out: dict[str, LookupMapping] = {}
     for f in manifest.sparse_features:
@@ -121,14 +121,14 @@ def _lookups(draw: st.DrawFn, manifest: Manifest) -> dict[str, LookupMapping]:
     return out
 
 
-def _instances(draw: st.DrawFn, manifest: Manifest) -> list[dict[str, Any]]:
+def _instances(draw: Any, manifest: Manifest) -> list[dict[str, Any]]:
     size = draw(st.integers(1, 6))
     weighted = {f.name: draw(st.booleans()) for f in manifest.sparse_features if f.weights}
     out = []
     for _ in range(size):
         ex: dict[str, Any] = {}
         for f in manifest.sparse_features:
-            ids = draw(st.lists(_ID, max_size=12)) if f.kind.value == "multi" else draw(_ID)
+            ids: Any = draw(st.lists(_ID, max_size=12)) if f.kind.value == "multi" else draw(_ID)
             if f.mask_zero and draw(st.booleans()):
                 ids = [*ids, *[0] * draw(st.integers(1, 4))][:12]  # padded the way Keras input is
             ex[f.name] = ids
@@ -396,7 +396,7 @@ def test_row_cache_answers_the_same_on_either_index(ops: list[tuple[str, str, li
         ids = np.array(keys, np.int64)
         dim = fast.dims[table]
         values = (ids[:, None] * 10 + np.arange(dim)).astype(np.float32)
-        got = []
+        got: list[Any] = []
         for cache in caches:
             if op == "read":
                 masks, found, missed = cache.get_many([{table: ids}])
