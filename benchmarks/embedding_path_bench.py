@@ -9,7 +9,9 @@ hot-row cache (every row of the request held). Stages, each timed alone (process
 * ``plan``: ``gateway.embedding.plan_lookups`` (native) vs ``plan_lookups_reference``;
 * ``cache_read``: ``CachedRowSource.lookup`` all hits, on a cache with the native ``SlotIndex`` vs a ``dict``;
 * ``entry_request``: ``entry_inputs`` + ``predict_request_for`` (the serialized entry request; the same code on both
-  paths, from the plan each path made).
+  paths, from the plan each path made);
+* ``pooled_entry_request``: the same for a ``pooled`` entry (the manifest of an older export): pooling natively
+  (``native.pool_feature``) vs numpy (``_combine``), then the framing.
 
 Rounds alternate native and reference (``EMBEDGATE_NATIVE`` auto/off) for every stage and batch; the table gives the
 median µs per example over rounds (min to max) and the ratio reference ÷ native per round.
@@ -47,8 +49,8 @@ from schemas.proto import tfs_pb2
 from schemas.tensors import from_ndarray
 from schemas.wire import predict_request_for
 
-STAGES = ("rest_parse", "grpc_parse", "plan", "cache_read", "entry_request")
-NATIVE_STAGES = ("plan", "cache_read")
+STAGES = ("rest_parse", "grpc_parse", "plan", "cache_read", "entry_request", "pooled_entry_request")
+NATIVE_STAGES = ("plan", "cache_read", "pooled_entry_request")
 HEADING = "## Embedding hot path: native vs Python reference, per stage (issue 17)"
 
 
@@ -65,9 +67,9 @@ def _mode(mode: str) -> Iterator[None]:
             os.environ[native.ENV] = before
 
 
-def _manifest() -> Manifest:
+def _manifest(mode: str = "unique_rows") -> Manifest:
     doc = demo_like_manifest().model_dump()
-    doc["entry"]["input_mode"] = "unique_rows"
+    doc["entry"]["input_mode"] = mode
     return Manifest.model_validate(doc)
 
 
@@ -138,12 +140,14 @@ def _stages(m: Manifest, batch_size: int, mode: str) -> dict[str, Callable[[], o
     asyncio.run(source.lookup(plan.shard_ids, VersionSpec(), 0.0))  # warm: every row held
     values = _run(source.lookup(plan.shard_ids, VersionSpec(), 0.0)).values
     spec = tfs_pb2.ModelSpec(name="demo_entry")
+    pooled = _manifest("pooled")
     return {
         "rest_parse": lambda: batch_from_instances(orjson.loads(body)["instances"], m),
         "grpc_parse": lambda: batch_from_tensors(tensors, m),
         "plan": lambda: planner(batch, m),
         "cache_read": lambda: _run(source.lookup(plan.shard_ids, VersionSpec(), 0.0)),
         "entry_request": lambda: predict_request_for(spec, entry_inputs(plan, values, batch, m)),
+        "pooled_entry_request": lambda: predict_request_for(spec, entry_inputs(plan, values, batch, pooled)),
     }
 
 
