@@ -69,7 +69,12 @@ struct Dedup {
 impl Dedup {
     fn new(expected: usize) -> Self {
         let cap = (expected.max(8) * 2).next_power_of_two().min(1 << 16).max(16);
-        Dedup { keys: vec![0; cap], slots: vec![0; cap], mask: cap - 1, unique: Vec::new() }
+        Dedup {
+            keys: vec![0; cap],
+            slots: vec![0; cap],
+            mask: cap - 1,
+            unique: Vec::new(),
+        }
     }
 
     /// The index of `id` in `unique`, added there if new.
@@ -201,16 +206,25 @@ pub fn plan_lookups<'py>(
     tables: Vec<usize>,
     num_tables: usize,
     num_shards: usize,
-) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i32>>)> {
+) -> PyResult<(
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<i32>>,
+)> {
     if ids.len() != tables.len() {
         return Err(PyValueError::new_err("plan_lookups: one table index per feature"));
     }
     if num_shards == 0 || tables.iter().any(|&t| t >= num_tables) {
-        return Err(PyValueError::new_err("plan_lookups: a table index or num_shards out of range"));
+        return Err(PyValueError::new_err(
+            "plan_lookups: a table index or num_shards out of range",
+        ));
     }
     let slices = ids
         .iter()
-        .map(|a| a.as_slice().map_err(|_| PyTypeError::new_err("plan_lookups: ids must be contiguous")))
+        .map(|a| {
+            a.as_slice()
+                .map_err(|_| PyTypeError::new_err("plan_lookups: ids must be contiguous"))
+        })
         .collect::<PyResult<Vec<&[i64]>>>()?;
     let total: usize = slices.iter().map(|s| s.len()).sum();
     if total >= i32::MAX as usize {
@@ -252,7 +266,10 @@ impl SlotIndex {
     }
 
     fn __getitem__(&self, id: i64) -> PyResult<i64> {
-        self.map.get(&id).copied().ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(id))
+        self.map
+            .get(&id)
+            .copied()
+            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(id))
     }
 
     #[pyo3(signature = (id, default=None))]
@@ -275,7 +292,10 @@ impl SlotIndex {
         let ids = ids
             .as_slice()
             .map_err(|_| PyTypeError::new_err("SlotIndex.slots: ids must be contiguous"))?;
-        let out: Vec<i64> = ids.iter().map(|id| self.map.get(id).copied().unwrap_or(missing)).collect();
+        let out: Vec<i64> = ids
+            .iter()
+            .map(|id| self.map.get(id).copied().unwrap_or(missing))
+            .collect();
         Ok(PyArray1::from_vec(py, out))
     }
 }

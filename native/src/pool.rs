@@ -145,7 +145,12 @@ pub fn pool_feature<'py>(
             return Err(bad("row_splits must rise from 0 to the number of ids"));
         }
     }
-    let feature = Feature { table, dim, rows, weights };
+    let feature = Feature {
+        table,
+        dim,
+        rows,
+        weights,
+    };
     let (size, out) = py.allow_threads(|| match splits {
         Some(s) => (s.len() - 1, feature.multi(s, combiner)),
         None => (rows.len(), feature.single()),
