@@ -26,9 +26,10 @@ Storage: each table's rows live in one float32 array (a slab, grown by doubling,
 from id to slot (a ``dict``, or with the native path on the Rust ``SlotIndex``: :func:`gateway.native.slot_index`)
 and, per slot, the tick of its last use (a counter over all tables: every row touched gets the next one, in the
 order touched). A read is a few C-level passes per table (one ``SlotIndex.slots`` call, or dict lookups through
-``map``; one gather, one tick assignment) however many ids it asks, not a Python loop over the ids. Eviction is least recently used by tick,
-exactly; when it runs it evicts what is needed plus 1/32 of the rows held, so that its scan for the oldest rows
-(linear in the rows held) runs once per ~1/32 of the cache's turnover rather than on every fill.
+``map``; one gather, one tick assignment) however many ids it asks, not a Python loop over the ids. Eviction is
+least recently used by tick, exactly; when it runs it evicts what is needed plus 1/32 of the rows held, so that its
+scan for the oldest rows (linear in the rows held) runs once per ~1/32 of the cache's turnover rather than on every
+fill.
 
 Byte accounting: a row costs ``4 * dim + ROW_OVERHEAD`` bytes (the float32 values plus an estimate of the dict
 entry and the slot's bookkeeping); a slab may hold up to twice its live rows' floats after growing.

@@ -1,4 +1,7 @@
-"""Embedding lookups for one batch: dedupe ids, route them to PS shards, pool the returned rows. Pure numpy, no I/O.
+"""Embedding lookups for one batch: dedupe ids, route them to PS shards, pool the returned rows. No I/O.
+
+The plan and the pooling run in compiled code when the native path is on (:mod:`gateway.native`, docs/gateway.md
+"Native hot path"); the numpy code here is their reference and what runs when it is off.
 
 Flow (the caller does the I/O in between)::
 
