@@ -324,19 +324,18 @@ def test_padded_history_is_masked_on_every_form(mode: str) -> None:
         with _native("off"):
             ref_inputs = entry_inputs(ref, values, batch, manifest)
         _same_inputs(entry_inputs(fast, values, batch, manifest), ref_inputs)
-        pooled = pool(fast, values, batch, manifest)["h"]
         rows = {
             int(i): v
             for s, sv in zip(fast.shard_ids, values, strict=True)
             for i, v in zip(s["items"], sv["items"], strict=True)
         }
-        np.testing.assert_allclose(
-            pooled[0], np.mean([rows[5], rows[9], rows[13]], axis=0), rtol=1e-6, err_msg=form
-        )
-        assert pooled[1].tolist() == [0.0, 0.0], (
-            form
-        )  # only padding: no ids, a zero row (Keras's masked mean)
-        np.testing.assert_array_equal(pooled[2], rows[7], err_msg=form)
+        for mode, plan in (("auto", fast), ("off", ref)):  # the native path and the reference, each checked
+            with _native(mode):
+                pooled = pool(plan, values, batch, manifest)["h"]
+            mean = np.mean([rows[5], rows[9], rows[13]], axis=0)
+            np.testing.assert_allclose(pooled[0], mean, rtol=1e-6, err_msg=f"{form} {mode}")
+            assert pooled[1].tolist() == [0.0, 0.0], (form, mode)  # only padding: no ids, a zero row (Keras)
+            np.testing.assert_array_equal(pooled[2], rows[7], err_msg=f"{form} {mode}")
 
 
 _OPS = st.lists(
