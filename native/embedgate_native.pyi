@@ -12,6 +12,7 @@ def check_predict(
 
 class CheckedBody:
     def tensors(self, names: list[str], dtypes: list[int]) -> tuple[dict[str, np.ndarray], str] | None: ...
+
 def plan_lookups(
     ids: list[np.ndarray], tables: list[int], num_tables: int, num_shards: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
@@ -25,6 +26,11 @@ class SlotIndex:
     def get(self, id: int, default: int | None = None) -> int | None: ...
     def pop(self, id: int, default: int | None = None) -> int | None: ...
     def slots(self, ids: np.ndarray, missing: int) -> np.ndarray: ...
+
 def pool_feature(
-    table: np.ndarray, rows: np.ndarray, row_splits: np.ndarray | None, weights: np.ndarray | None, combiner: int
+    table: np.ndarray,
+    rows: np.ndarray,
+    row_splits: np.ndarray | None,
+    weights: np.ndarray | None,
+    combiner: int,
 ) -> np.ndarray: ...
