@@ -36,6 +36,8 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
     ),
     # REST body -> typed arrays per example, compiled vs Python reference, in-process (about 30 s)
     "native_codec_bench": (["--rounds", "5", "--seconds", "0.3", "--write", "docs/benchmarks.md"], 300.0),
+    "embedding_path_bench": (["--rounds", "5", "--seconds", "0.2", "--write", "docs/benchmarks.md"], 600.0),
+    "native_serving_bench": (["--rounds", "3", "--seconds", "3", "--write", "docs/benchmarks.md"], 1500.0),
     "serving_bench": (["--rounds", "3", "--seconds", "4", "--write", "docs/benchmarks.md"], 1800.0),
     "workers_bench": (
         ["--requests", "10000", "--concurrency", "16", "--rounds", "2", "--write", "docs/benchmarks.md"],

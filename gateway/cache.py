@@ -22,12 +22,14 @@ Freshness rules (docs/gateway.md "Hot-row cache" states the bound):
    ``max_lag_s``; :attr:`RowCache.serving` says so, with :attr:`RowCache.reason`.
 4. When a PS answer comes from another model version than the cached rows, the cache is emptied first.
 
-Storage: each table's rows live in one float32 array (a slab, grown by doubling, freed slots reused), with a dict
-from id to slot and, per slot, the tick of its last use (a counter over all tables: every row touched gets the next
-one, in the order touched). A read is a few C-level passes per table (dict lookups through ``map``, one gather, one
-tick assignment) however many ids it asks, not a Python loop over the ids. Eviction is least recently used by tick,
-exactly; when it runs it evicts what is needed plus 1/32 of the rows held, so that its scan for the oldest rows
-(linear in the rows held) runs once per ~1/32 of the cache's turnover rather than on every fill.
+Storage: each table's rows live in one float32 array (a slab, grown by doubling, freed slots reused), with an index
+from id to slot (a ``dict``, or with the native path on the Rust ``SlotIndex``: :func:`gateway.native.slot_index`)
+and, per slot, the tick of its last use (a counter over all tables: every row touched gets the next one, in the
+order touched). A read is a few C-level passes per table (one ``SlotIndex.slots`` call, or dict lookups through
+``map``; one gather, one tick assignment) however many ids it asks, not a Python loop over the ids. Eviction is
+least recently used by tick, exactly; when it runs it evicts what is needed plus 1/32 of the rows held, so that its
+scan for the oldest rows (linear in the rows held) runs once per ~1/32 of the cache's turnover rather than on every
+fill.
 
 Byte accounting: a row costs ``4 * dim + ROW_OVERHEAD`` bytes (the float32 values plus an estimate of the dict
 entry and the slot's bookkeeping); a slab may hold up to twice its live rows' floats after growing.
@@ -43,6 +45,8 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gateway import native
 
 __all__ = [
     "ROW_OVERHEAD",
@@ -64,14 +68,25 @@ _EVICT_EXTRA: Final = 32  # an eviction also drops 1/_EVICT_EXTRA of the rows he
 
 class _Slab:
     """The cached rows of one table: ``rows`` float32 ``[capacity, dim]``, ``ids`` (the id in each slot) and
-    ``used`` (the tick of each slot's last use; :data:`_FREE` for a free slot); ``index``: id -> slot."""
+    ``used`` (the tick of each slot's last use; :data:`_FREE` for a free slot); ``index``: id -> slot, a ``dict``
+    (the reference) or the native ``SlotIndex`` (:func:`gateway.native.slot_index`: the same methods, in Rust)."""
 
     def __init__(self, dim: int) -> None:
         self.rows = np.empty((0, dim), dtype=np.float32)
         self.ids = np.empty(0, dtype=np.int64)
         self.used = np.empty(0, dtype=np.int64)
-        self.index: dict[int, int] = {}
+        self.index: dict[int, int] | SlotIndex = native.slot_index()
         self._free: list[int] = []
+
+    def slots(self, ids: np.ndarray) -> np.ndarray:
+        """int64 [n]: the slot of each of ``ids`` (int64), :data:`_MISSING` where not held. One native call with a
+        ``SlotIndex``; with a ``dict``, C-level passes (``map`` of ``dict.get``), not a Python loop."""
+        index = self.index
+        if isinstance(index, dict):
+            return np.fromiter(
+                map(index.get, ids.tolist(), itertools.repeat(_MISSING)), dtype=np.int64, count=ids.size
+            )
+        return index.slots(np.ascontiguousarray(ids, dtype=np.int64), _MISSING)
 
     def take(self, id_: int) -> int:
         """A slot for ``id_`` (not held yet)."""
@@ -107,6 +122,8 @@ class _Slab:
 
 
 if TYPE_CHECKING:
+    from embedgate_native import SlotIndex
+
     from gateway.core.requests import VersionSpec
 
 
@@ -261,11 +278,7 @@ class RowCache:
                 if not ids.size:
                     continue
                 slab = self._slabs[table]
-                slots = np.fromiter(
-                    map(slab.index.get, ids.tolist(), itertools.repeat(_MISSING)),
-                    dtype=np.int64,
-                    count=ids.size,
-                )
+                slots = slab.slots(ids)
                 mask = slots != _MISSING
                 shard_masks[table] = mask
                 asked += ids.size

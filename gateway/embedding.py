@@ -1,4 +1,7 @@
-"""Embedding lookups for one batch: dedupe ids, route them to PS shards, pool the returned rows. Pure numpy, no I/O.
+"""Embedding lookups for one batch: dedupe ids, route them to PS shards, pool the returned rows. No I/O.
+
+The plan and the pooling run in compiled code when the native path is on (:mod:`gateway.native`, docs/gateway.md
+"Native hot path"); the numpy code here is their reference and what runs when it is off.
 
 Flow (the caller does the I/O in between)::
 
@@ -43,7 +46,14 @@ from schemas.manifest import (
 from schemas.partition import shard_for
 from schemas.wire import bfloat16_bits
 
-__all__ = ["LookupPlan", "entry_inputs", "plan_lookups", "pool", "unique_inputs"]
+__all__ = [
+    "LookupPlan",
+    "entry_inputs",
+    "plan_lookups",
+    "plan_lookups_reference",
+    "pool",
+    "unique_inputs",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,7 +75,41 @@ class LookupPlan:
 
 
 def plan_lookups(batch: FeatureBatch, manifest: Manifest) -> LookupPlan:
-    """Dedupe ``batch``'s ids per table and route them to shards with ``shard_for``.
+    """Dedupe ``batch``'s ids per table and route them to shards with ``shard_for``: natively
+    (:func:`gateway.native.plan_lookups`, one pass with a hash map per table, without the GIL) when the native path
+    is on, else :func:`plan_lookups_reference`. Both give the same plan (``tests/gateway/test_native_plan.py``);
+    the native ``_rows`` are int32, the reference's intp."""
+    from gateway import native
+
+    num_shards = manifest.num_shards
+    features = manifest.sparse_features
+    index = {t.name: k for k, t in enumerate(manifest.tables)}
+    done = native.plan_lookups(
+        [batch.sparse[f.name].ids for f in features],
+        [index[f.table] for f in features],
+        len(index),
+        num_shards,
+    )
+    if done is None:
+        return plan_lookups_reference(batch, manifest)
+    grouped, bounds, positions = done
+    edges = bounds.tolist()
+    num_tables = len(index)
+    shard_ids = [
+        {t: grouped[edges[s * num_tables + k] : edges[s * num_tables + k + 1]] for t, k in index.items()}
+        for s in range(num_shards)
+    ]
+    rows: dict[str, np.ndarray] = {}
+    offset = 0
+    for f in features:
+        n = batch.sparse[f.name].ids.size
+        rows[f.name] = positions[offset : offset + n]
+        offset += n
+    return LookupPlan(shard_ids=shard_ids, _rows=rows)
+
+
+def plan_lookups_reference(batch: FeatureBatch, manifest: Manifest) -> LookupPlan:
+    """The pure-numpy reference of :func:`plan_lookups`.
 
     One pass over every table together: the ids of all features are concatenated with their table's index, sorted
     once by (table, id) (one ``np.unique`` of packed keys when ids are non-negative and small enough), deduplicated, routed with one ``shard_for`` call and grouped by (shard, table) with one
@@ -148,9 +192,23 @@ def pool(
     """
     tables = _unique_rows(plan, shard_values, manifest)
     return {
-        f.name: _combine(tables[f.table][plan._rows[f.name]], batch.sparse[f.name], f, batch.size)
-        for f in manifest.sparse_features
+        f.name: _pool_one(tables[f.table], plan._rows[f.name], batch, f) for f in manifest.sparse_features
     }
+
+
+def _pool_one(
+    table: np.ndarray, rows: np.ndarray, batch: FeatureBatch, spec: SparseFeatureSpec
+) -> np.ndarray:
+    """One feature pooled: natively (:func:`gateway.native.pool_feature`) when the native path is on, else
+    :func:`_combine` of the gathered rows (the reference; both give the same bits)."""
+    from gateway import native
+
+    sparse = batch.sparse[spec.name]
+    splits = None if spec.kind is FeatureKind.SINGLE else sparse.row_splits
+    done = native.pool_feature(table, rows, splits, sparse.weights, spec.combiner.value)
+    if done is not None:
+        return done
+    return _combine(table[rows], sparse, spec, batch.size)
 
 
 def unique_inputs(
@@ -178,7 +236,7 @@ def unique_inputs(
             out[key] = rows
     for f in manifest.sparse_features:
         sparse = batch.sparse[f.name]
-        out[entry_index_input(f.name)] = plan._rows[f.name].astype(np.int32)
+        out[entry_index_input(f.name)] = plan._rows[f.name].astype(np.int32, copy=False)
         if f.kind is FeatureKind.MULTI:
             out[entry_splits_input(f.name)] = sparse.row_splits.astype(np.int32)
         if f.weights:

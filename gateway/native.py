@@ -8,6 +8,13 @@ Today the native code types REST predict bodies for plain (pass-through) models:
 only well-formed numeric/boolean bodies; for every other body it returns None and the caller runs the reference
 (which also words every error), so both paths give the same tensors or the same error by construction of the
 fallback, and ``tests/gateway/test_native_codec.py`` checks the tensors are the same.
+
+For embedding models it plans the lookups of every batch (:func:`plan_lookups`: dedupe, splitmix64 routing,
+(shard, table) grouping and each id's row; reference ``gateway.embedding.plan_lookups_reference``) and holds the
+hot-row cache's id -> slot index (:func:`slot_index`; reference: a ``dict``), and pools the rows of a ``pooled``
+entry (:func:`pool_feature`; reference ``gateway.embedding._combine``). All three take every input the reference
+takes (no per-request fallback); ``tests/gateway/test_native_plan.py`` checks they give the same plans, the same
+pooled rows (bit for bit) and the same entry requests.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from gateway.codec.json_tensor import Format
 from gateway.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from embedgate_native import CheckedBody
+    from embedgate_native import CheckedBody, SlotIndex
 
     from schemas.gateway_settings import LimitsSettings
 
@@ -37,9 +44,12 @@ __all__ = [
     "checked_tensors",
     "classify_response",
     "path",
+    "plan_lookups",
+    "pool_feature",
     "predict_response",
     "predict_tensors",
     "regress_response",
+    "slot_index",
 ]
 
 ENV: Final = (
@@ -165,3 +175,61 @@ def classify_response(results: Sequence[Sequence[tuple[str, float]]]) -> bytes |
     scores = [float(np.float32(score)) for classes in results for _, score in classes]
     body: bytes = mod.classify_response(labels, scores, [len(classes) for classes in results])
     return body
+def plan_lookups(
+    ids: Sequence[np.ndarray], tables: Sequence[int], num_tables: int, num_shards: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The lookup plan of one batch computed natively, or None when the native path is off.
+
+    ``ids[k]``: sparse feature k's ids (int64 [n_k]); ``tables[k]``: its table's index in ``[0, num_tables)``.
+    Returns ``(grouped, bounds, rows)``: int64 ``grouped`` holds every (shard, table) group's unique ids, ascending,
+    groups in (shard, table) order (group ``g = shard * num_tables + table`` is ``grouped[bounds[g]:bounds[g + 1]]``);
+    int32 ``rows``, per id of every feature in feature order, its row in its table's answers concatenated in shard
+    order. What ``gateway.embedding.plan_lookups_reference`` computes with numpy."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return None
+    arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in ids]
+    done: tuple[np.ndarray, np.ndarray, np.ndarray] = mod.plan_lookups(
+        arrays, list(tables), num_tables, num_shards
+    )
+    return done
+
+
+def slot_index() -> dict[int, int] | SlotIndex:
+    """A new, empty id -> slot index for one table of the hot-row cache: the native ``SlotIndex`` (a Rust hash map
+    with the ``dict`` methods the cache uses and a bulk ``slots(ids, missing)``) when the native path is on, else a
+    ``dict`` (the reference)."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return {}
+    index: SlotIndex = mod.SlotIndex()
+    return index
+
+
+_COMBINERS: Final = {"sum": 0, "mean": 1, "sqrtn": 2}
+
+
+def pool_feature(
+    table: np.ndarray,
+    rows: np.ndarray,
+    row_splits: np.ndarray | None,
+    weights: np.ndarray | None,
+    combiner: str,
+) -> np.ndarray | None:
+    """One sparse feature pooled natively, float32 [B, dim], or None when the native path is off.
+
+    ``table``: float32 [U, dim], the distinct rows of the feature's table; ``rows``: each id's row in it;
+    ``row_splits``: int64 [B + 1] of a multi feature, None for a single one; ``weights``: float32 per id or None;
+    ``combiner``: ``sum``, ``mean`` or ``sqrtn`` (ignored for a single feature). Bit for bit what
+    ``gateway.embedding._combine`` computes from ``table[rows]`` (numpy's summation order included)."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return None
+    pooled: np.ndarray = mod.pool_feature(
+        np.ascontiguousarray(table, dtype=np.float32),
+        np.ascontiguousarray(rows, dtype=np.int32),
+        None if row_splits is None else np.ascontiguousarray(row_splits, dtype=np.int64),
+        None if weights is None else np.ascontiguousarray(weights, dtype=np.float32),
+        _COMBINERS[combiner],
+    )
+    return pooled

@@ -12,6 +12,8 @@ use pyo3::types::PyDict;
 use serde_json::{Map, Value};
 
 mod response;
+mod plan;
+mod pool;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -408,5 +410,7 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_predict, m)?)?;
     m.add_class::<CheckedBody>()?;
     response::register(m)?;
+    plan::register(m)?;
+    pool::register(m)?;
     Ok(())
 }

@@ -1,0 +1,239 @@
+"""Embedding predict end to end, native hot path vs Python reference (issue 17): latency and gateway CPU per example.
+
+The small demo model (2 PS shards, ``unique_rows`` entry) exported split and saved whole, one serve-local serving
+both; a Kafka broker feeding the hot-row caches. Four gateways on that backend: cached and uncached, each with the
+native path (``EMBEDGATE_NATIVE`` unset) and with the Python reference (``EMBEDGATE_NATIVE=off``). Targets, one
+client: ``whole`` (ghz, the whole model over gRPC: the baseline), ``grpc_cache`` / ``grpc_cache_ref`` (ghz, the
+features as tensors through a cached gateway's gRPC front), ``grpc`` / ``grpc_ref`` (uncached), ``rest_cache`` /
+``rest_cache_ref`` (vegeta, REST ``:predict`` of the instances to a cached gateway). Every round runs every target
+once in a rotated order; ratios are taken per round. Gateway CPU per example: user + system time of the gateway's
+process tree (``/proc/<pid>/stat``, parse workers included) around each run, divided by requests x batch.
+
+    make bench-tools   # ghz and vegeta
+    python -m benchmarks.native_serving_bench [--batches 1,64,512,4096] [--rounds 3] [--seconds 3] [--write FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from benchmarks.loadgen import Result, ghz, protoset, vegeta
+from benchmarks.report import markers, write_section
+from benchmarks.serving_bench import (
+    _create_topic,
+    _gateway_config,
+    _gateway_grpc_request,
+    _official_request,
+    _save_whole,
+    _wait_cache_serving,
+)
+
+HEADING = "## Embedding predict end to end: native hot path vs Python reference (issue 17)"
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from /proc/<pid>/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+    return out
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid``'s process tree."""
+    total = 0
+    for p in _tree(pid):
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / _TICK
+
+
+def _measured(load: Callable[[], Result], pid: int | None) -> Callable[[], tuple[Result, float]]:
+    """``load`` and the gateway CPU seconds per request it cost (nan for a target without a gateway)."""
+
+    def run() -> tuple[Result, float]:
+        before = _cpu_s(pid) if pid is not None else 0.0
+        res = load()
+        if pid is None:
+            return res, float("nan")
+        return res, (_cpu_s(pid) - before) / max(1, res.requests)
+
+    return run
+
+
+def _rounds(targets: dict[str, Callable[[], tuple[Result, float]]], rounds: int) -> list[dict[str, Any]]:
+    names = list(targets)
+    out = []
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        got = {n: targets[n]() for n in order}
+        out.append({n: got[n] for n in names})
+        print(
+            f"  round {r + 1}: " + ", ".join(f"{n} {v[0].p50_ms} ms" for n, v in got.items()),
+            file=sys.stderr,
+            flush=True,
+        )
+    return out
+
+
+def _med(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    from embedgate.export.demo import build_demo, make_examples
+    from schemas.deltas import delta_topic
+    from tests.support.gateway import run_gateway
+    from tests.support.kafka import kafka_broker
+    from tests.support.ports import free_port
+    from tests.support.servers import serve_local
+    from tests.support.stack import exported_backends
+
+    report: dict[str, Any] = {"load_average_start": round(os.getloadavg()[0], 1), "batches": {}}
+    with tempfile.TemporaryDirectory(prefix="nativebench-") as tmp_s:
+        tmp = Path(tmp_s)
+        demo = build_demo(tmp / "demo", small=True)
+        m = demo.manifest
+        report["input_mode"] = m.entry.input_mode.value
+        whole_inputs = _save_whole(demo.keras_path, tmp / "whole")
+        served = {**exported_backends(demo.model_dir), "demo_whole": tmp / "whole"}
+        proto_set = protoset(tmp / "tfs.protoset")
+        with serve_local(served) as backend, contextlib.ExitStack() as stack:
+            broker = stack.enter_context(kafka_broker(tmp / "kafka"))
+            asyncio.run(_create_topic(broker.bootstrap, delta_topic(m.model_name), m.num_shards))
+            cache = {"cache": {"max_bytes": 64 << 20, "bootstrap_servers": broker.bootstrap}}
+            gateways: dict[str, Any] = {}
+            for name, extra, env in (
+                ("cache", cache, {}),
+                ("cache_ref", cache, {"EMBEDGATE_NATIVE": "off"}),
+                ("plain", {}, {}),
+                ("plain_ref", {}, {"EMBEDGATE_NATIVE": "off"}),
+            ):
+                port = free_port()
+                cfg = _gateway_config(tmp, demo, backend.target, port, extra, f"{name}.yaml")
+                gw = stack.enter_context(run_gateway(cfg, env={"EMBEDGATE_NATIVE": "auto", **env}))
+                if extra:
+                    _wait_cache_serving(gw.url, m.model_name)
+                gateways[name] = (gw, f"127.0.0.1:{port}")
+            for b in args.batches:
+                instances, _ = make_examples(b, 5_000, seed=b)
+                keras_in = {
+                    k: np.asarray(v).astype(whole_inputs[k]) for k, v in demo.keras_inputs(instances).items()
+                }
+                whole_req = _official_request("demo_whole", keras_in)
+                grpc_req = _gateway_grpc_request(instances, m)
+                body = json.dumps({"instances": instances}).encode()
+                secs = args.seconds
+
+                def grpc(
+                    gw: str, req: bytes = grpc_req, s: float = secs
+                ) -> Callable[[], tuple[Result, float]]:
+                    g, address = gateways[gw]
+                    return _measured(lambda: ghz(address, req, proto_set, clients=1, seconds=s), g.proc.pid)
+
+                def rest(gw: str, body: bytes = body, s: float = secs) -> Callable[[], tuple[Result, float]]:
+                    g, _ = gateways[gw]
+                    url = f"{g.url}/v1/models/{m.model_name}:predict"
+                    return _measured(lambda: vegeta(url, body, clients=1, seconds=s), g.proc.pid)
+
+                targets = {
+                    "whole": _measured(
+                        partial(ghz, backend.target, whole_req, proto_set, clients=1, seconds=secs), None
+                    ),
+                    "grpc_cache": grpc("cache"),
+                    "grpc_cache_ref": grpc("cache_ref"),
+                    "grpc": grpc("plain"),
+                    "grpc_ref": grpc("plain_ref"),
+                    "rest_cache": rest("cache"),
+                    "rest_cache_ref": rest("cache_ref"),
+                }
+                for t in targets.values():  # warm every cache and connection
+                    t()
+                print(f"batch {b}", file=sys.stderr, flush=True)
+                rounds = _rounds(targets, args.rounds)
+                row: dict[str, Any] = {}
+                for name in targets:
+                    row[name] = {
+                        "p50_ms": [r[name][0].p50_ms for r in rounds],
+                        "ratio_whole": [r[name][0].p50_ms / r["whole"][0].p50_ms for r in rounds],
+                        "cpu_us_per_example": [r[name][1] * 1e6 / b for r in rounds],
+                        "errors": sum(r[name][0].errors for r in rounds),
+                    }
+                for name in ("grpc_cache", "grpc", "rest_cache"):
+                    row[name]["ref_over_native"] = [
+                        r[f"{name}_ref"][0].p50_ms / r[name][0].p50_ms for r in rounds
+                    ]
+                report["batches"][str(b)] = row
+    report["load_average_end"] = round(os.getloadavg()[0], 1)
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = [
+        "| batch | target | p50 ms | p50 ÷ whole | gateway CPU µs/example | reference p50 ÷ native p50 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for b, row in report["batches"].items():
+        for name, v in row.items():
+            cpu = "-" if name == "whole" else _med(v["cpu_us_per_example"])
+            ab = _med(v["ref_over_native"]) + "x" if "ref_over_native" in v else ""
+            errors = f" ({v['errors']} errors)" if v["errors"] else ""
+            lines.append(
+                f"| {b} | {name} | {_med(v['p50_ms'])}{errors} | {_med(v['ratio_whole'])}x | {cpu} | {ab} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64, 512, 4096])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=3.0, help="per measurement (capped at 30)")
+    p.add_argument("--write", type=Path, default=None, help="rewrite this benchmark's section of the file")
+    args = p.parse_args(argv)
+    args.seconds = min(args.seconds, 30.0)
+    args.rounds = max(1, min(args.rounds, 10))
+    started = time.time()
+    report = run(args)
+    json.dump(report, sys.stdout, indent=1)
+    print()
+    cmd = (
+        "python -m benchmarks.native_serving_bench --batches "
+        + ",".join(map(str, args.batches))
+        + f" --rounds {args.rounds} --seconds {args.seconds:g}"
+    )
+    body = (
+        f"Command: `{cmd}` ({time.time() - started:.0f} s); {os.cpu_count()} cores; load average (1 min) "
+        f"{report['load_average_start']} at the start, {report['load_average_end']} at the end; entry input mode "
+        f"`{report['input_mode']}`. One client; median over rounds [min-max]; `_ref` = the same gateway setup with "
+        f"`EMBEDGATE_NATIVE=off`.\n\n{table(report)}"
+    )
+    print(body)
+    if args.write:
+        begin, end = markers("native_serving_bench", str(args.write))
+        write_section(args.write, begin, end, body, HEADING)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
