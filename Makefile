@@ -70,7 +70,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: install kafka-jars deploy-tools browser lint
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30 $(PYTEST_ARGS)
 
 # Builds the demo model if missing, starts Kafka, serve-local (entry + PS), the updater and the gateway on
 # 127.0.0.1 and stays in the foreground until Ctrl-C; `make stop` stops a stack left running in the background.
