@@ -22,14 +22,17 @@ as its own process. Per step:
 4. **lookup p50**: ``--lookups`` batches of 512 random existing ids, each split by shard and sent as concurrent
    ``lookup`` Predict calls (as the gateway does), after 20 warm-up batches; median time per batch.
 5. **upsert rows/s through the updater**: ``--updater-rows`` rows (existing ids ``0 ..``) published to the model's
-   delta topic while the updater is stopped (SIGSTOP), then the updater continued: rows / time until its
-   ``rows_applied`` counter counts them (the backlog drain of ``benchmarks.updater_bench``).
+   delta topic while the updater is stopped (SIGSTOP), then the updater continued (the backlog drain of
+   ``benchmarks.updater_bench``); its ``rows_applied`` counter polled every 10 ms: the rows applied after the first
+   poll that saw the counter move, divided by the time from that poll until all were applied (so the updater's
+   rejoin of its consumer group after the stop is not counted).
 6. **RSS after rewrite**: every row written once more by direct ``upsert_t`` calls of 16 384 rows (as the updater
    writes), then serve-local's RSS again (the PS now holds a version per row: the figure to size a PS host by).
 7. **replay after a replica restart**: serve-local stopped and started again on the same port (the exported rows
    again, no stream position); the updater notices and replays the topic (the ``--updater-rows`` rows) into it.
-   Time from the restarted replica being AVAILABLE until a sample of the published ids (every 97th and the last 512)
-   reads the published rows.
+   Time from the restart (the new process started) until a sample of the published ids (every 97th and the last
+   512) reads the published rows: the reload plus the replay, which starts as soon as the replica answers and so
+   overlaps the readiness polling (the reload alone is reported as ``reload_s``).
 
 A step with ``rows`` >= 16 000 000 runs only if ``/proc/meminfo`` MemAvailable is at least 14 GB at that moment
 (the machine is shared); a skipped step is reported as such. Bounded: every wait has a time limit; every process
@@ -79,7 +82,7 @@ MEASURES: dict[str, tuple[str, str]] = {  # key -> (column title, unit)
     "rss_rewritten_mb": ("RSS after rewrite", "MB"),
     "lookup_p50_ms": ("lookup p50 (batch 512)", "ms"),
     "upsert_rows_s": ("upsert via updater", "rows/s"),
-    "replay_s": ("replay after restart", "s"),
+    "replay_s": ("restart -> replayed", "s"),
 }
 
 
@@ -103,6 +106,8 @@ import numpy as np
 from embedgate.export.ps import write_ps_shard
 from schemas.manifest import Manifest
 from schemas.partition import shard_for
+import tensorflow as tf  # imported before the clock starts
+tf.constant(1.0) + 1
 model_dir, rows = Path(sys.argv[1]), int(sys.argv[2])
 m = Manifest.load(model_dir)
 dim = m.tables[0].dim
@@ -412,13 +417,17 @@ def _step(
                     await _publish(bootstrap, model_dir, upd_rows)
                 finally:
                     os.kill(upd.proc.pid, signal.SIGCONT)
-                t0 = time.perf_counter()
+                start: list[float] = []  # (time, rows applied) when the first row of the backlog was applied
 
                 async def applied() -> bool:
                     upd.check_alive()
-                    return await asyncio.to_thread(_applied, upd.metrics_url) >= before + upd_rows
+                    now = await asyncio.to_thread(_applied, upd.metrics_url)
+                    if not start and now > before:
+                        start.extend((time.perf_counter(), now))
+                    return now >= before + upd_rows
 
-                out["upsert_rows_s"] = upd_rows / (await _wait("the updater applied the rows", applied) - t0)
+                t1 = await _wait("the updater applied the rows", applied, poll_s=0.01)
+                out["upsert_rows_s"] = (before + upd_rows - start[1]) / max(t1 - start[0], 1e-3)
                 await _rewrite(ps, rows, args.shards, args.dim)
                 owner_sample = shard_for(sample.astype(np.int64), args.shards)
             finally:
@@ -433,6 +442,7 @@ def _step(
         # restart the replica: stop serve-local (the updater keeps running), start it again on the same port
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(60)
+        t_restart = time.perf_counter()
         with _serving(served, port) as (again, reload_s):
 
             async def replayed() -> bool:
@@ -447,10 +457,8 @@ def _step(
                 finally:
                     await ps.close()
 
-            t0 = time.perf_counter()
-            out["replay_s"] = (
-                asyncio.run(_wait("the restarted replica was replayed", replayed, poll_s=0.2)) - t0
-            )
+            done = asyncio.run(_wait("the restarted replica was replayed", replayed, poll_s=0.1))
+            out["replay_s"] = done - t_restart
             out["reload_s"] = reload_s
         print(f"[{name}] replayed in {out['replay_s']:.1f} s", flush=True)
     return out
@@ -472,12 +480,14 @@ def _table(results: list[dict[str, Any]], skipped: list[str]) -> str:
     lines = [head, "|" + "---|" * (len(MEASURES) + 3)]
     for r in results:
         cells = [_fmt(r[k], u) for k, (_, u) in MEASURES.items()]
+        cells[-1] += f" (reload {_fmt(r['reload_s'], 's')})"
         lines.append(
             f"| {r['layout']} | {r['rows']:,} | "
             + " | ".join(cells)
             + f" | {r['rss_x_raw']:.2f}x, {r['rewritten_x_raw']:.2f}x |"
         )
     lines += [f"| {s} | skipped |" + " |" * (len(MEASURES) + 1) for s in skipped]
+    lines += ["", "RSS columns: serve-local's resident memory above an empty PS of the layout, all shards."]
     return "\n".join(lines)
 
 
@@ -546,6 +556,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--write", type=Path, help="rewrite the scale section of this Markdown file")
     ap.add_argument("--plots", type=Path, help="write scale_<measure>.png here")
+    ap.add_argument("--json", type=Path, help="also write every step's figures to this JSON file")
+    ap.add_argument(
+        "--include",
+        type=Path,
+        action="append",
+        default=[],
+        help="a --json file of an earlier run whose steps join this run's table and plots (e.g. a 16 M step run "
+        "on its own); repeatable",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.rows, args.updater_rows, args.lookups = _QUICK_ROWS, 20_000, 50
@@ -576,8 +595,17 @@ def main(argv: list[str] | None = None) -> int:
                     r = _step(args, tmp / "models", broker.bootstrap, lay, rows, bases[lay])
                     print(json.dumps(r), flush=True)
                     results.append(r)
+                    if args.json is not None:  # every step as soon as it is measured
+                        args.json.write_text(json.dumps({"results": results, "skipped": skipped}, indent=1))
                     for d in (tmp / "models").glob(f"scale_{lay}_{rows}*"):  # free the disk
                         subprocess.run(["rm", "-rf", str(d)], check=False)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"results": results, "skipped": skipped}, indent=1))
+    for path in args.include:
+        earlier = json.loads(path.read_text())
+        results += earlier["results"]
+        skipped += earlier["skipped"]
+    results.sort(key=lambda r: (r["rows"], layouts.index(r["layout"]) if r["layout"] in layouts else 99))
     cmd = "python -m benchmarks.scale " + " ".join(argv if argv is not None else sys.argv[1:])
     body = [
         f"`{cmd.strip()}`: dim {args.dim}, {args.shards} shards, {args.updater_rows:,} rows through the updater, "
