@@ -50,6 +50,9 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
     "hostile": (["--write", "docs/security.md"], 900.0),
     # issue 18: training step with and without StreamRows (prints its figures; docs/benchmarks.md "StreamRows overhead")
     "stream_rows_bench": (["--rounds", "3", "--steps", "20", "--every-n-batches", "10"], 900.0),
+    # issue 19: the scale ladder (1 M, 4 M, 16 M rows; 16 M only with 14 GB available), table in docs/benchmarks.md,
+    # one PNG per measure in docs/img/
+    "scale": (["--write", "docs/benchmarks.md", "--plots", "docs/img"], 7200.0),
 }
 
 

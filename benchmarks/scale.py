@@ -541,6 +541,44 @@ def _plots(results: list[dict[str, Any]], layouts: list[str], folder: Path) -> l
     return paths
 
 
+def _ladder(
+    args: argparse.Namespace,
+    tmp: Path,
+    ladder: list[int],
+    layouts: list[str],
+    bases: dict[str, dict[str, float]],
+    results: list[dict[str, Any]],
+    skipped: list[str],
+    cmd: str,
+) -> None:
+    """Every step of the ladder into ``results`` (a 16 M step without the memory into ``skipped``)."""
+    from embedgate.devkafka import KafkaBroker
+
+    with KafkaBroker(tmp / "kafka") as broker:
+        for rows in ladder:
+            if rows >= _BIG and (avail := _mem_available_gb()) < _BIG_NEEDS_GB:
+                note = f"{rows:,} rows (MemAvailable {avail:.1f} GB < {_BIG_NEEDS_GB:.0f} GB)"
+                print(f"skipped: {note}", flush=True)
+                skipped.append(note)
+                continue
+            for lay in layouts:
+                r = _step(args, tmp / "models", broker.bootstrap, lay, rows, bases[lay])
+                print(json.dumps(r), flush=True)
+                results.append(r)
+                if args.json is not None:  # every step as soon as it is measured
+                    args.json.write_text(
+                        json.dumps(
+                            {"results": results, "skipped": skipped, "bases": bases, "command": cmd}, indent=1
+                        )
+                    )
+                for d in (tmp / "models").glob(f"scale_{lay}_{rows}*"):  # free the disk
+                    subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1000000,4000000,16000000", help="comma-separated totals (all shards)")
@@ -558,6 +596,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plots", type=Path, help="write scale_<measure>.png here")
     ap.add_argument("--json", type=Path, help="also write every step's figures to this JSON file")
     ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="measure nothing: the table, plots and --write from the --include files alone",
+    )
+    ap.add_argument(
         "--include",
         type=Path,
         action="append",
@@ -573,42 +616,39 @@ def main(argv: list[str] | None = None) -> int:
     if any(x not in ("hash", "slab") for x in layouts) or not ladder or min(ladder) <= 0:
         ap.error("--layouts takes hash and/or slab; --rows positive integers")
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-
-    from embedgate.devkafka import KafkaBroker
+    signal.signal(signal.SIGTERM, _interrupt)  # the context managers stop what the run started
 
     results: list[dict[str, Any]] = []
     skipped: list[str] = []
+    cmd = "python -m benchmarks.scale " + " ".join(argv if argv is not None else sys.argv[1:])
+    commands = [] if args.report_only else [cmd.strip()]
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp_s:
         tmp = Path(tmp_s)
-        bases = {lay: _baseline(tmp / "models", lay, args.dim, args.shards) for lay in layouts}
+        bases = (
+            {}
+            if args.report_only
+            else {lay: _baseline(tmp / "models", lay, args.dim, args.shards) for lay in layouts}
+        )
         for lay, b in bases.items():
             print(f"empty {lay} PS: RSS {b['rss'] / 1e6:.0f} MB, load {b['load_s']:.1f} s", flush=True)
-        with KafkaBroker(tmp / "kafka") as broker:
-            for rows in ladder:
-                if rows >= _BIG and (avail := _mem_available_gb()) < _BIG_NEEDS_GB:
-                    note = f"{rows:,} rows (MemAvailable {avail:.1f} GB < {_BIG_NEEDS_GB:.0f} GB)"
-                    print(f"skipped: {note}", flush=True)
-                    skipped.append(note)
-                    continue
-                for lay in layouts:
-                    r = _step(args, tmp / "models", broker.bootstrap, lay, rows, bases[lay])
-                    print(json.dumps(r), flush=True)
-                    results.append(r)
-                    if args.json is not None:  # every step as soon as it is measured
-                        args.json.write_text(json.dumps({"results": results, "skipped": skipped}, indent=1))
-                    for d in (tmp / "models").glob(f"scale_{lay}_{rows}*"):  # free the disk
-                        subprocess.run(["rm", "-rf", str(d)], check=False)
+        if not args.report_only:
+            _ladder(args, tmp, ladder, layouts, bases, results, skipped, cmd)
     if args.json is not None:
-        args.json.write_text(json.dumps({"results": results, "skipped": skipped}, indent=1))
+        args.json.write_text(
+            json.dumps({"results": results, "skipped": skipped, "bases": bases, "command": cmd}, indent=1)
+        )
     for path in args.include:
         earlier = json.loads(path.read_text())
         results += earlier["results"]
         skipped += earlier["skipped"]
+        for lay, b in earlier.get("bases", {}).items():
+            bases.setdefault(lay, b)
+        if earlier.get("command"):
+            commands.append(earlier["command"])
     results.sort(key=lambda r: (r["rows"], layouts.index(r["layout"]) if r["layout"] in layouts else 99))
-    cmd = "python -m benchmarks.scale " + " ".join(argv if argv is not None else sys.argv[1:])
     body = [
-        f"`{cmd.strip()}`: dim {args.dim}, {args.shards} shards, {args.updater_rows:,} rows through the updater, "
+        " and ".join(f"`{c}`" for c in commands)
+        + f": dim {args.dim}, {args.shards} shards, {args.updater_rows:,} rows through the updater, "
         f"{args.lookups} lookup batches of {_BATCH}; empty PS (subtracted): "
         + ", ".join(
             f"{lay} {b['rss'] / 1e6:.0f} MB RSS, load {b['load_s']:.1f} s" for lay, b in bases.items()

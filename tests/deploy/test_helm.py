@@ -170,8 +170,8 @@ def test_gateway_serves_tf_serving_ports_with_probes_and_an_hpa() -> None:
     ("layout", "row_bytes", "mb_per_million"),
     [
         ("hash", 4, 180 + 6.4 * 128),  # the hash layout's figure (docs/deployment.md "Sizing")
-        ("slab", 4, 70 + 1.2 * 4 * 128),  # the slab layout's, float32 rows
-        ("slab", 2, 70 + 1.2 * 2 * 128),  # float16 / bfloat16 rows
+        ("slab", 4, 75 + 1.3 * 4 * 128),  # the slab layout's, float32 rows
+        ("slab", 2, 75 + 1.3 * 2 * 128),  # float16 / bfloat16 rows
     ],
 )
 def test_ps_memory_request_follows_the_sizing_figure(

@@ -81,7 +81,7 @@ models:
 
 {{/* PS memory request in MiB of a pod serving N shards, called with (list $ N):
      ps.baselineMi + N x rowsPerShard x (MB per million rows) x headroom, where MB per million rows is
-     70 + 1.2 x rowBytes x dim for the slab layout and 180 + 6.4 x dim for the hash layout. Both were measured
+     75 + 1.3 x rowBytes x dim for the slab layout and 180 + 6.4 x dim for the hash layout. Both were measured
      with every row written once more after loading (row versions held; python -m benchmarks.scale and
      benchmarks.export_bench); the baseline is the server's own memory with no rows (docs/deployment.md "Sizing"). */}}
 {{- define "embedgate.psMemoryMi" -}}
@@ -90,7 +90,7 @@ models:
 {{- $dim := int $root.Values.model.dim -}}
 {{- $perMillion10 := add 1800 (mul 64 $dim) -}}
 {{- if ne (toString $root.Values.model.psLayout) "hash" -}}
-{{- $perMillion10 = add 700 (mul 12 (mul (int $root.Values.model.rowBytes) $dim)) -}}
+{{- $perMillion10 = add 750 (mul 13 (mul (int $root.Values.model.rowBytes) $dim)) -}}
 {{- end -}}
 {{- $perShard := div (mul (int $root.Values.model.rowsPerShard) $perMillion10) 10000000 -}}
 {{- $rows := mulf (float64 (mul $perShard $shards)) (float64 $root.Values.ps.headroom) -}}
