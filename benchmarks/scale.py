@@ -424,7 +424,7 @@ def _step(
                     now = await asyncio.to_thread(_applied, upd.metrics_url)
                     if not start and now > before:
                         start.extend((time.perf_counter(), now))
-                    return now >= before + upd_rows
+                    return bool(now >= before + upd_rows)
 
                 t1 = await _wait("the updater applied the rows", applied, poll_s=0.01)
                 out["upsert_rows_s"] = (before + upd_rows - start[1]) / max(t1 - start[0], 1e-3)

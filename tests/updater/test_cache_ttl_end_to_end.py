@@ -57,13 +57,18 @@ async def test_a_cached_row_that_the_ps_expired_is_not_served(
     assert manifest.exported_at_ms is not None
     user = manifest.table("user_emb")
     instance = tiny_instances()[0]
-    the_id, other_id = int(instance["user"]), 7  # other_id: exported, never published (expires with the export)
+    the_id, other_id = (
+        int(instance["user"]),
+        7,
+    )  # other_id: exported, never published (expires with the export)
     shard = ps_model_name("tiny", int(shard_for(np.asarray([the_id]), 2)[0]))
 
     with contextlib.ExitStack() as stack:
-        server = await asyncio.to_thread(stack.enter_context, serve_local(exported_backends(result.model_dir)))
+        server = await asyncio.to_thread(
+            stack.enter_context, serve_local(exported_backends(result.model_dir))
+        )
         model = embedding_model(result.model_dir, entry=server.target, shards=[[server.target]] * 2)
-        s = updater_settings(kafka, None, unique, models=[model], expire_interval_s=0.3)  # type: ignore[arg-type]
+        s = updater_settings(kafka, None, unique, models=[model], expire_interval_s=0.3)
         cache = {
             "max_bytes": 1 << 20,
             "bootstrap_servers": kafka.bootstrap,
@@ -94,7 +99,9 @@ async def test_a_cached_row_that_the_ps_expired_is_not_served(
             fresh = await _predict(client, url, [instance])
             hits = await _metric(client, gw.url, "embedgate_cache_hits_total")
             np.testing.assert_allclose(await _predict(client, url, [instance]), fresh)
-            assert await _metric(client, gw.url, "embedgate_cache_hits_total") > hits, "the row was not cached"
+            assert await _metric(client, gw.url, "embedgate_cache_hits_total") > hits, (
+                "the row was not cached"
+            )
 
             async def expired_in_ps() -> bool:
                 rows = await asyncio.to_thread(ps_lookup, server.target, shard, manifest, user.name, [the_id])
