@@ -26,8 +26,10 @@ as its own process. Per step:
    ``benchmarks.updater_bench``); its ``rows_applied`` counter polled every 10 ms: the rows applied after the first
    poll that saw the counter move, divided by the time from that poll until all were applied (so the updater's
    rejoin of its consumer group after the stop is not counted).
-6. **RSS after rewrite**: every row written once more by direct ``upsert_t`` calls of 16 384 rows (as the updater
-   writes), then serve-local's RSS again (the PS now holds a version per row: the figure to size a PS host by).
+6. **RSS after rewrite** and **direct upsert rows/s**: every row written once more by direct ``upsert_t`` calls of
+   about 16 384 rows (as the updater writes; shards concurrently, one call at a time per shard), timed (rows / wall
+   time: the PS's own write rate at this size, without Kafka), then serve-local's RSS again (the PS now holds a
+   version per row: the figure to size a PS host by).
 7. **replay after a replica restart**: serve-local stopped and started again on the same port (the exported rows
    again, no stream position); the updater notices and replays the topic (the ``--updater-rows`` rows) into it.
    Time from the restart (the new process started) until a sample of the published ids (every 97th and the last
@@ -82,6 +84,7 @@ MEASURES: dict[str, tuple[str, str]] = {  # key -> (column title, unit)
     "rss_rewritten_mb": ("RSS after rewrite", "MB"),
     "lookup_p50_ms": ("lookup p50 (batch 512)", "ms"),
     "upsert_rows_s": ("upsert via updater", "rows/s"),
+    "direct_rows_s": ("upsert direct (rewrite)", "rows/s"),
     "replay_s": ("restart -> replayed", "s"),
 }
 
@@ -428,7 +431,9 @@ def _step(
 
                 t1 = await _wait("the updater applied the rows", applied, poll_s=0.01)
                 out["upsert_rows_s"] = (before + upd_rows - start[1]) / max(t1 - start[0], 1e-3)
+                t_rewrite = time.perf_counter()
                 await _rewrite(ps, rows, args.shards, args.dim)
+                out["direct_rows_s"] = rows / (time.perf_counter() - t_rewrite)
                 owner_sample = shard_for(sample.astype(np.int64), args.shards)
             finally:
                 await ps.close()
@@ -465,7 +470,9 @@ def _step(
 
 
 # -- report ---------------------------------------------------------------------------------------------------------
-def _fmt(v: float, unit: str) -> str:
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
     if unit == "rows/s":
         return f"{v:,.0f}"
     return f"{v:.2f}" if v < 10 else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
@@ -479,7 +486,7 @@ def _table(results: list[dict[str, Any]], skipped: list[str]) -> str:
     )
     lines = [head, "|" + "---|" * (len(MEASURES) + 3)]
     for r in results:
-        cells = [_fmt(r[k], u) for k, (_, u) in MEASURES.items()]
+        cells = [_fmt(r.get(k), u) for k, (_, u) in MEASURES.items()]
         cells[-1] += f" (reload {_fmt(r['reload_s'], 's')})"
         lines.append(
             f"| {r['layout']} | {r['rows']:,} | "
@@ -502,14 +509,18 @@ def _ratios(results: list[dict[str, Any]], layouts: list[str]) -> list[str]:
             base = at[layouts[0]]
             for lay in layouts[1:]:
                 if lay in at:
-                    parts = [f"{MEASURES[k][0]} {at[lay][k] / base[k]:.2f}x" for k in MEASURES if base[k]]
+                    parts = [
+                        f"{MEASURES[k][0]} {at[lay][k] / base[k]:.2f}x"
+                        for k in MEASURES
+                        if base.get(k) and at[lay].get(k)
+                    ]
                     out.append(f"{rows:,} rows, {lay} / {layouts[0]}: " + ", ".join(parts))
     for lay in layouts:
         mine = sorted((r for r in results if r["layout"] == lay), key=lambda r: r["rows"])
         if len(mine) >= 2:
             a, b = mine[0], mine[-1]
             k = b["rows"] / a["rows"]
-            parts = [f"{MEASURES[m][0]} {b[m] / a[m]:.2f}x" for m in MEASURES if a[m]]
+            parts = [f"{MEASURES[m][0]} {b[m] / a[m]:.2f}x" for m in MEASURES if a.get(m) and b.get(m)]
             out.append(f"{lay}, {a['rows']:,} -> {b['rows']:,} rows ({k:.0f}x): " + ", ".join(parts))
     return out
 
@@ -526,6 +537,7 @@ def _plots(results: list[dict[str, Any]], layouts: list[str], folder: Path) -> l
         fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
         for lay in layouts:
             mine = sorted((r for r in results if r["layout"] == lay), key=lambda r: r["rows"])
+            mine = [r for r in mine if r.get(key) is not None]
             ax.plot([r["rows"] / 1e6 for r in mine], [r[key] for r in mine], marker="o", label=lay)
         ax.set_xlabel("rows in all (millions)")
         ax.set_ylabel(unit)
@@ -587,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--updater-rows", type=int, default=100_000)
+    ap.add_argument("--updater-rows", type=int, default=400_000)
     ap.add_argument("--lookups", type=int, default=200)
     ap.add_argument(
         "--quick", action="store_true", help=f"a small ladder ({_QUICK_ROWS}), fewer rows and lookups"
