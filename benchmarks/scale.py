@@ -1,8 +1,12 @@
 """Scale ladder: how export, load, memory, lookup latency, update rate and replay grow with the PS tables.
 
     .venv/bin/python -m benchmarks.scale [--rows 1000000,4000000,16000000] [--layouts hash,slab] [--dim 64]
-                                         [--shards 4] [--updater-rows 100000] [--lookups 200] [--quick]
-                                         [--write docs/benchmarks.md] [--plots docs/img]
+                                         [--shards 4] [--updater-rows 400000] [--lookups 200] [--quick]
+                                         [--write docs/benchmarks.md] [--plots docs/img] [--json FILE]
+                                         [--include FILE ...] [--report-only]
+
+``--layouts`` also takes ``slab:float16`` and ``slab:bfloat16`` (reduced-precision rows; RSS still compared with raw
+float32 rows).
 
 One PS-only model per (rows, layout) step: one table ``t`` of ``--dim`` with ids ``0 .. rows-1`` (standard normal
 rows) hash-partitioned over ``--shards`` shards. Sizes run in increasing order, the layouts of one size one after
@@ -128,15 +132,18 @@ print(json.dumps({"seconds": seconds}))
 """
 
 
-def _build(root: Path, name: str, rows: int, dim: int, shards: int, layout: str) -> tuple[Path, float]:
-    """``root/<name>``: manifest + ``ps_<i>/1``; the seconds the shard writes took."""
+def _build(root: Path, name: str, rows: int, dim: int, shards: int, variant: str) -> tuple[Path, float]:
+    """``root/<name>``: manifest + ``ps_<i>/1`` of ``variant`` (``hash``, ``slab`` or ``slab:<row dtype>``); the
+    seconds the shard writes took."""
     from schemas.manifest import Manifest
+
+    layout, _, dtype = variant.partition(":")
 
     manifest = Manifest.model_validate(
         {
             "model_name": name,
             "version": 1,
-            "tables": [{"name": _TABLE, "dim": dim, "rows": rows}],
+            "tables": [{"name": _TABLE, "dim": dim, "rows": rows, "row_dtype": dtype or "float32"}],
             "sparse_features": [{"name": "f", "table": _TABLE}],
             "partition": {"num_shards": shards},
             "entry": {"outputs": [{"name": "p", "shape": [1]}]},
@@ -349,7 +356,7 @@ def _baseline(root: Path, layout: str, dim: int, shards: int) -> dict[str, float
     """An empty PS of ``layout``: serve-local's RSS after a lookup and its load time."""
     from schemas.manifest import Manifest
 
-    name = f"empty_{layout}"
+    name = f"empty_{layout.replace(':', '_')}"
     model_dir, _ = _build(root, name, 0, dim, shards, layout)
     manifest = Manifest.load(model_dir)
     from tests.support.ports import free_port
@@ -368,14 +375,14 @@ def _step(
     from tests.support.ports import free_port
     from tests.support.stack import run_updater
 
-    name = f"scale_{layout}_{rows}"
+    name = f"scale_{layout.replace(':', '_')}_{rows}"
     print(f"[{name}] export ...", flush=True)
     model_dir, export_s = _build(root, name, rows, args.dim, args.shards, layout)
     manifest = Manifest.load(model_dir)
     served = _served(model_dir, args.shards, name)
     port = free_port()
     out: dict[str, Any] = {"layout": layout, "rows": rows, "export_s": export_s}
-    raw_mb = rows * 4 * args.dim / 1e6
+    raw_mb = rows * 4 * args.dim / 1e6  # float32 rows, whatever the layout stores
     upd_rows = min(args.updater_rows, rows)
     sample = np.unique(
         np.concatenate([np.arange(0, upd_rows, 97), np.arange(max(0, upd_rows - 512), upd_rows)])
@@ -583,7 +590,7 @@ def _ladder(
                             {"results": results, "skipped": skipped, "bases": bases, "command": cmd}, indent=1
                         )
                     )
-                for d in (tmp / "models").glob(f"scale_{lay}_{rows}*"):  # free the disk
+                for d in (tmp / "models").glob(f"scale_{lay.replace(':', '_')}_{rows}*"):  # free the disk
                     subprocess.run(["rm", "-rf", str(d)], check=False)
 
 
@@ -595,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1000000,4000000,16000000", help="comma-separated totals (all shards)")
     ap.add_argument(
-        "--layouts", default="hash,slab", help="comma-separated PS layouts; ratios against the first"
+        "--layouts",
+        default="hash,slab",
+        help="comma-separated PS layouts (hash, slab, slab:float16, slab:bfloat16); ratios against the first",
     )
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--shards", type=int, default=4)
@@ -625,8 +634,9 @@ def main(argv: list[str] | None = None) -> int:
         args.rows, args.updater_rows, args.lookups = _QUICK_ROWS, 20_000, 50
     ladder = sorted(int(x) for x in args.rows.split(","))
     layouts = [x.strip() for x in args.layouts.split(",")]
-    if any(x not in ("hash", "slab") for x in layouts) or not ladder or min(ladder) <= 0:
-        ap.error("--layouts takes hash and/or slab; --rows positive integers")
+    known = ("hash", "slab", "slab:float16", "slab:bfloat16")
+    if any(x not in known for x in layouts) or not ladder or min(ladder) <= 0:
+        ap.error(f"--layouts takes {', '.join(known)}; --rows positive integers")
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
     signal.signal(signal.SIGTERM, _interrupt)  # the context managers stop what the run started
 
