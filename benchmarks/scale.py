@@ -331,7 +331,10 @@ def _served(model_dir: Path, shards: int, name: str) -> dict[str, Path]:
 @contextlib.contextmanager
 def _serving(served: dict[str, Path], port: int) -> Iterator[tuple[Any, float]]:
     """serve-local on ``port``; (server, seconds until every model was AVAILABLE)."""
+    import tests.support.servers
     from tests.support.servers import serve_local
+
+    tests.support.servers._START_TIMEOUT = _WAIT_S  # a 16 M-row PS loads for minutes on 2 shared cores
 
     t0 = time.perf_counter()
     with serve_local(served, port=port, poll_seconds=0.2) as server:
