@@ -498,8 +498,9 @@ def _table(results: list[dict[str, Any]], skipped: list[str]) -> str:
     for r in results:
         cells = [_fmt(r.get(k), u) for k, (_, u) in MEASURES.items()]
         cells[-1] += f" (reload {_fmt(r['reload_s'], 's')})"
+        run = f" (run {r['run']})" if "run" in r else ""
         lines.append(
-            f"| {r['layout']} | {r['rows']:,} | "
+            f"| {r['layout']}{run} | {r['rows']:,} | "
             + " | ".join(cells)
             + f" | {r['rss_x_raw']:.2f}x, {r['rewritten_x_raw']:.2f}x |"
         )
@@ -509,29 +510,31 @@ def _table(results: list[dict[str, Any]], skipped: list[str]) -> str:
 
 
 def _ratios(results: list[dict[str, Any]], layouts: list[str]) -> list[str]:
-    """Per size, every layout's measures against the first layout's, and per layout the growth per million rows."""
+    """Per run and size, every layout's measures against the first layout's; per run and layout, the growth from the
+    smallest to the largest size."""
     out = []
-    if len(layouts) > 1:
-        for rows in sorted({r["rows"] for r in results}):
-            at = {r["layout"]: r for r in results if r["rows"] == rows}
-            if layouts[0] not in at:
-                continue
-            base = at[layouts[0]]
+    runs = sorted({r.get("run", 1) for r in results})
+    for run in runs:
+        mine_run = [r for r in results if r.get("run", 1) == run]
+        tag = f"run {run}, " if len(runs) > 1 else ""
+        for rows in sorted({r["rows"] for r in mine_run}):
+            at = {r["layout"]: r for r in mine_run if r["rows"] == rows}
+            base = at.get(layouts[0])
             for lay in layouts[1:]:
-                if lay in at:
+                if base is not None and lay in at:
                     parts = [
                         f"{MEASURES[k][0]} {at[lay][k] / base[k]:.2f}x"
                         for k in MEASURES
                         if base.get(k) and at[lay].get(k)
                     ]
-                    out.append(f"{rows:,} rows, {lay} / {layouts[0]}: " + ", ".join(parts))
-    for lay in layouts:
-        mine = sorted((r for r in results if r["layout"] == lay), key=lambda r: r["rows"])
-        if len(mine) >= 2:
-            a, b = mine[0], mine[-1]
-            k = b["rows"] / a["rows"]
-            parts = [f"{MEASURES[m][0]} {b[m] / a[m]:.2f}x" for m in MEASURES if a.get(m) and b.get(m)]
-            out.append(f"{lay}, {a['rows']:,} -> {b['rows']:,} rows ({k:.0f}x): " + ", ".join(parts))
+                    out.append(f"{tag}{rows:,} rows, {lay} / {layouts[0]}: " + ", ".join(parts))
+        for lay in layouts:
+            mine = sorted((r for r in mine_run if r["layout"] == lay), key=lambda r: r["rows"])
+            if len(mine) >= 2:
+                a, b = mine[0], mine[-1]
+                k = b["rows"] / a["rows"]
+                parts = [f"{MEASURES[m][0]} {b[m] / a[m]:.2f}x" for m in MEASURES if a.get(m) and b.get(m)]
+                out.append(f"{tag}{lay}, {a['rows']:,} -> {b['rows']:,} rows ({k:.0f}x): " + ", ".join(parts))
     return out
 
 
@@ -545,10 +548,20 @@ def _plots(results: list[dict[str, Any]], layouts: list[str], folder: Path) -> l
     paths = []
     for key, (title, unit) in MEASURES.items():
         fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
-        for lay in layouts:
-            mine = sorted((r for r in results if r["layout"] == lay), key=lambda r: r["rows"])
-            mine = [r for r in mine if r.get(key) is not None]
-            ax.plot([r["rows"] / 1e6 for r in mine], [r[key] for r in mine], marker="o", label=lay)
+        runs = sorted({r.get("run", 1) for r in results})
+        for run in runs:
+            for lay in layouts:
+                mine = sorted(
+                    (
+                        r
+                        for r in results
+                        if r["layout"] == lay and r.get("run", 1) == run and r.get(key) is not None
+                    ),
+                    key=lambda r: r["rows"],
+                )
+                label = f"{lay} (run {run})" if len(runs) > 1 else lay
+                if mine:
+                    ax.plot([r["rows"] / 1e6 for r in mine], [r[key] for r in mine], marker="o", label=label)
         ax.set_xlabel("rows in all (millions)")
         ax.set_ylabel(unit)
         ax.set_title(title)
@@ -646,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     skipped: list[str] = []
     cmd = "python -m benchmarks.scale " + " ".join(argv if argv is not None else sys.argv[1:])
-    commands = [] if args.report_only else [cmd.strip()]
+    commands: list[str] = []
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp_s:
         tmp = Path(tmp_s)
         bases = (
@@ -658,26 +671,33 @@ def main(argv: list[str] | None = None) -> int:
             print(f"empty {lay} PS: RSS {b['rss'] / 1e6:.0f} MB, load {b['load_s']:.1f} s", flush=True)
         if not args.report_only:
             _ladder(args, tmp, ladder, layouts, bases, results, skipped, cmd)
+            empty = ", ".join(
+                f"{lay} {b['rss'] / 1e6:.0f} MB, load {b['load_s']:.1f} s" for lay, b in bases.items()
+            )
+            commands.append(f"`{cmd.strip()}` (empty PS: {empty})")
     if args.json is not None:
         args.json.write_text(
             json.dumps({"results": results, "skipped": skipped, "bases": bases, "command": cmd}, indent=1)
         )
-    for path in args.include:
+    for k, path in enumerate(args.include):
         earlier = json.loads(path.read_text())
-        results += earlier["results"]
+        run = k + (0 if args.report_only else 1) + 1
+        results += [{**r, "run": run} for r in earlier["results"]]
         skipped += earlier["skipped"]
-        for lay, b in earlier.get("bases", {}).items():
-            bases.setdefault(lay, b)
-        if earlier.get("command"):
-            commands.append(earlier["command"])
+        empty = ", ".join(
+            f"{lay} {b['rss'] / 1e6:.0f} MB, load {b['load_s']:.1f} s"
+            for lay, b in earlier.get("bases", {}).items()
+        )
+        commands.append(f"`{earlier.get('command') or path}` (empty PS: {empty})")
     results.sort(key=lambda r: (r["rows"], layouts.index(r["layout"]) if r["layout"] in layouts else 99))
+    if len(commands) > 1:  # several runs: number them
+        commands = [f"run {k}: {c}" for k, c in enumerate(commands, 1)]
+        for r in results:
+            r.setdefault("run", 1)
     body = [
-        " and ".join(f"`{c}`" for c in commands)
-        + f": dim {args.dim}, {args.shards} shards, {args.updater_rows:,} rows through the updater, "
-        f"{args.lookups} lookup batches of {_BATCH}; empty PS (subtracted): "
-        + ", ".join(
-            f"{lay} {b['rss'] / 1e6:.0f} MB RSS, load {b['load_s']:.1f} s" for lay, b in bases.items()
-        ),
+        "; ".join(commands)
+        + f"; dim {args.dim}, {args.shards} shards, {args.lookups} lookup batches of {_BATCH}; the empty PS's RSS "
+        "is subtracted from the RSS columns.",
         "",
         _table(results, skipped),
         "",
