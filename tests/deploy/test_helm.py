@@ -170,8 +170,8 @@ def test_gateway_serves_tf_serving_ports_with_probes_and_an_hpa() -> None:
     ("layout", "row_bytes", "mb_per_million"),
     [
         ("hash", 4, 180 + 6.4 * 128),  # the hash layout's figure (docs/deployment.md "Sizing")
-        ("slab", 4, 75 + 1.3 * 4 * 128),  # the slab layout's, float32 rows
-        ("slab", 2, 75 + 1.3 * 2 * 128),  # float16 / bfloat16 rows
+        ("slab", 4, 32 + 1.1 * 4 * 128),  # the slab layout's, float32 rows
+        ("slab", 2, 32 + 1.1 * 2 * 128),  # float16 / bfloat16 rows
     ],
 )
 def test_ps_memory_request_follows_the_sizing_figure(
@@ -179,8 +179,12 @@ def test_ps_memory_request_follows_the_sizing_figure(
 ) -> None:
     # the server's baseline + MB per million rows of the layout (docs/deployment.md) per shard on the host, times
     # the 1.3 headroom: 10 M rows per shard at dim 128; host "one" serves one shard, host "three" three
-    baseline = yaml.safe_load((CHART / "values.yaml").read_text())["ps"]["baselineMi"]
-    assert baseline >= 749  # serve-local's measured RSS with an empty PS (docs/deployment.md "Sizing")
+    ps = yaml.safe_load((CHART / "values.yaml").read_text())["ps"]
+    assert (
+        ps["baselineMi"] >= 749
+    )  # serve-local's measured RSS with an empty PS (docs/deployment.md "Sizing")
+    assert ps["writeBuffersMi"] >= 112  # kept after write calls (docs/benchmarks.md "Scale ladder")
+    baseline = ps["baselineMi"] + ps["writeBuffersMi"]
     docs = render(
         "model.rowsPerShard=10000000",
         "model.dim=128",
@@ -203,7 +207,7 @@ def test_ps_memory_request_follows_the_sizing_figure(
         "r-embedgate-ps-three": f"{math.ceil(baseline + 3 * mb * 1.3)}Mi",
     }
     # a host of an empty model still asks for the baseline
-    docs = render("model.rowsPerShard=0", "ps.baselineMi=300")
+    docs = render("model.rowsPerShard=0", "ps.baselineMi=300", "ps.writeBuffersMi=0")
     requests = {
         sts["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"]
         for sts in by_kind(docs, "StatefulSet").values()
