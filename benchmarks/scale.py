@@ -549,20 +549,15 @@ def _plots(results: list[dict[str, Any]], layouts: list[str], folder: Path) -> l
     paths = []
     for key, (title, unit) in MEASURES.items():
         fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
-        runs = sorted({r.get("run", 1) for r in results})
-        for run in runs:
-            for lay in layouts:
-                mine = sorted(
-                    (
-                        r
-                        for r in results
-                        if r["layout"] == lay and r.get("run", 1) == run and r.get(key) is not None
-                    ),
-                    key=lambda r: r["rows"],
-                )
-                label = f"{lay} (run {run})" if len(runs) > 1 else lay
-                if mine:
-                    ax.plot([r["rows"] / 1e6 for r in mine], [r[key] for r in mine], marker="o", label=label)
+        for n, lay in enumerate(layouts):
+            mine = [r for r in results if r["layout"] == lay and r.get(key) is not None]
+            if not mine:
+                continue
+            sizes = sorted({r["rows"] for r in mine})
+            means = [statistics.mean(r[key] for r in mine if r["rows"] == x) for x in sizes]
+            color = f"C{n}"
+            ax.plot([x / 1e6 for x in sizes], means, color=color, label=f"{lay} (mean of runs)")
+            ax.scatter([r["rows"] / 1e6 for r in mine], [r[key] for r in mine], color=color, s=14)
         ax.set_xlabel("rows in all (millions)")
         ax.set_ylabel(unit)
         ax.set_title(title)
