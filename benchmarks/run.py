@@ -54,6 +54,9 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
     "stream_rows_bench": (["--rounds", "3", "--steps", "20", "--every-n-batches", "10"], 900.0),
     # issue 18: served AUC of frozen / periodic / streamed serving on a drifting stream, publish -> served delay
     "freshness_quality": (["--write", "docs/benchmarks.md"], 900.0),
+    # issue 19: the scale ladder (1 M, 4 M, 16 M rows; 16 M only with 14 GB available), table in docs/benchmarks.md,
+    # one PNG per measure in docs/img/
+    "scale": (["--write", "docs/benchmarks.md", "--plots", "docs/img"], 7200.0),
 }
 
 

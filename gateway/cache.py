@@ -21,6 +21,12 @@ Freshness rules (docs/gateway.md "Hot-row cache" states the bound):
 3. Serving stops (every lookup goes to the PS, the cache is emptied) while the stream is down or lags more than
    ``max_lag_s``; :attr:`RowCache.serving` says so, with :attr:`RowCache.reason`.
 4. When a PS answer comes from another model version than the cached rows, the cache is emptied first.
+5. Expiring tables (``ttl_s``, set by :meth:`RowCache.set_ttl`): every cached row of such a table carries a lower
+   bound of the wall-clock time (ms) of its newest write at the PS: a delta's ``timestamp_ms`` (what the PS records),
+   else the newest delta timestamp the stream saw for the id, else the export time (exported rows count as written
+   then). A row whose bound is older than ``ttl_s - margin_s`` is dropped by :meth:`RowCache.sweep` (run before every
+   cached read and after every stream fetch), so the cache never answers a row the PS's ``expire`` may have removed;
+   a PS answer whose bound is already that old is served but not cached.
 
 Storage: each table's rows live in one float32 array (a slab, grown by doubling, freed slots reused), with an index
 from id to slot (a ``dict``, or with the native path on the Rust ``SlotIndex``: :func:`gateway.native.slot_index`)
@@ -64,6 +70,9 @@ _NO_HITS: Final = np.zeros(0, dtype=bool)
 _MISSING: Final = -1
 _FREE: Final = np.iinfo(np.int64).max  # a free slot's tick: never among the oldest
 _EVICT_EXTRA: Final = 32  # an eviction also drops 1/_EVICT_EXTRA of the rows held (see the module docstring)
+_NEVER: Final = np.iinfo(np.int64).max  # no expiring row held
+_UNKNOWN: Final = -(2**62)  # no write time known
+_MAX_SLACK_MS: Final = 60_000
 
 
 class _Slab:
@@ -75,6 +84,9 @@ class _Slab:
         self.rows = np.empty((0, dim), dtype=np.float32)
         self.ids = np.empty(0, dtype=np.int64)
         self.used = np.empty(0, dtype=np.int64)
+        self.written = np.empty(
+            0, dtype=np.int64
+        )  # expiring tables: lower bound of each row's newest write (ms)
         self.index: dict[int, int] | SlotIndex = native.slot_index()
         self._free: list[int] = []
 
@@ -119,6 +131,35 @@ class _Slab:
         self.rows = rows
         self.ids = np.concatenate([self.ids, np.zeros(capacity - n, dtype=np.int64)])
         self.used = np.concatenate([self.used, np.full(capacity - n, _FREE, dtype=np.int64)])
+        self.written = np.concatenate([self.written, np.zeros(capacity - n, dtype=np.int64)])
+
+
+class _Ttl:
+    """Expiry state of one expiring table: ``ttl_ms``, ``margin_ms``; ``slack_ms`` (a sweep also drops rows due that
+    much later, min(ttl / 32, 60 s)); ``due_ms``: the earliest wall-clock ms at which a held row is due (a lower
+    bound; :data:`_NEVER` when none); ``stamps``: id -> newest delta timestamp the stream saw, for ids not (yet)
+    cached, at most ``cap`` ids (past it, ids already due are forgotten, then the oldest half)."""
+
+    def __init__(self, ttl_ms: int, margin_ms: int, cap: int) -> None:
+        self.ttl_ms = ttl_ms
+        self.margin_ms = margin_ms
+        self.slack_ms = min(ttl_ms // _EVICT_EXTRA, _MAX_SLACK_MS)
+        self.due_ms = _NEVER
+        self.stamps: dict[int, int] = {}
+        self._cap = cap
+
+    def stamp(self, ids: list[int], timestamp_ms: int, now_ms: int) -> None:
+        stamps = self.stamps
+        for i in ids:
+            if stamps.get(i, _UNKNOWN) < timestamp_ms:
+                stamps[i] = timestamp_ms
+        if len(stamps) > self._cap:
+            cutoff = now_ms + self.margin_ms + self.slack_ms - self.ttl_ms
+            keep = {i: ts for i, ts in stamps.items() if ts >= cutoff}
+            if len(keep) > self._cap // 2:
+                newest = np.sort(np.fromiter(keep.values(), np.int64, len(keep)))[-(self._cap // 2)]
+                keep = {i: ts for i, ts in keep.items() if ts >= newest}
+            self.stamps = keep
 
 
 if TYPE_CHECKING:
@@ -161,6 +202,12 @@ class CacheMetrics:
         self.evictions = Counter(
             "embedgate_cache_evictions",
             "rows evicted to stay under cache.max_bytes",
+            ["model"],
+            registry=registry,
+        )
+        self.expired = Counter(
+            "embedgate_cache_expired",
+            "rows of ttl_s tables dropped because the PS may have expired them",
             ["model"],
             registry=registry,
         )
@@ -220,7 +267,10 @@ class RowCache:
         self.version: int | None = None  # the model version the cached rows belong to (None: not pinned yet)
         self.serving = False
         self.reason = "stream not started"
-        self.hits = self.misses = self.evictions = 0
+        self.hits = self.misses = self.evictions = self.expired = 0
+        self._ttl: dict[str, _Ttl] = {}  # expiring tables only (set_ttl)
+        self._wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+        self._exported_ms: int | None = None
         self._m = metrics
         if metrics is not None:
             metrics.serving.labels(model).set(0)
@@ -244,6 +294,8 @@ class RowCache:
 
     def clear(self) -> None:
         self._slabs = {t: _Slab(d) for t, d in self.dims.items()}  # releases the memory too
+        for ttl in self._ttl.values():
+            ttl.due_ms = _NEVER
         self._held = 0
         self._set_bytes(0)
 
@@ -252,6 +304,7 @@ class RowCache:
             "serving": self.serving,
             "reason": self.reason,
             "rows": self._held,
+            "expired": self.expired,
             "bytes": self._bytes,
             "max_bytes": self.max_bytes,
         }
@@ -353,10 +406,23 @@ class RowCache:
         inserted = 0
         slots: list[int] = []
         taken: list[int] = []  # which of ``ids`` go to ``slots``
+        ttl = self._ttl.get(table)
+        bounds: list[int] = []  # expiring tables: each taken row's write-time bound
+        keep_from = exported = _UNKNOWN
+        if ttl is not None:
+            keep_from = (
+                self._wall_ms() + ttl.margin_ms + ttl.slack_ms - ttl.ttl_ms
+            )  # bounds older: not cached
+            exported = self._exported_ms if self._exported_ms is not None else _UNKNOWN
         for n, i in enumerate(ids.tolist()):
             seen = recent.get((table, i))
             if seen is not None and (seen[0] > token or now - seen[1] < self.settle_s):
                 continue
+            if ttl is not None:
+                bound = max(exported, ttl.stamps.get(i, _UNKNOWN))
+                if bound < keep_from:
+                    continue
+                bounds.append(bound)
             slot = slab.index.get(i)
             if slot is None:
                 slot = slab.take(i)
@@ -371,18 +437,25 @@ class RowCache:
             self._tick += len(slots)
             self._held += inserted
             self._bytes += inserted * cost
+            if ttl is not None:
+                slab.written[slots] = bounds
+                ttl.due_ms = min(ttl.due_ms, min(bounds) + ttl.ttl_ms - ttl.margin_ms)
         self._evict()
         return inserted
 
     # -- the stream ----------------------------------------------------------------------------------------------
-    def apply_upsert(self, table: str, ids: np.ndarray, values: np.ndarray) -> None:
-        """A delta: ``ids`` now have exactly these rows. Cached ones change at once; others are only recorded."""
+    def apply_upsert(
+        self, table: str, ids: np.ndarray, values: np.ndarray, timestamp_ms: int | None = None
+    ) -> None:
+        """A delta: ``ids`` now have exactly these rows. Cached ones change at once; others are only recorded.
+        ``timestamp_ms``: the delta's producer timestamp (what the PS records as the write time; expiring tables)."""
         self._seq += 1
         now = self._clock()
         index = self._slabs[table].index
         slots: list[int] = []
         which: list[int] = []
-        for n, i in enumerate(ids.tolist()):
+        id_list = ids.tolist()
+        for n, i in enumerate(id_list):
             self._recent[(table, i)] = (self._seq, now)
             slot = index.get(i)
             if slot is not None:
@@ -390,6 +463,12 @@ class RowCache:
                 which.append(n)
         if slots:  # a repeated id: numpy's last write wins, as the delta's last row would
             self._slabs[table].rows[slots] = values[which]
+        ttl = self._ttl.get(table)
+        if ttl is not None and timestamp_ms is not None:
+            ttl.stamp(id_list, timestamp_ms, self._wall_ms())
+            if slots:
+                written = self._slabs[table].written
+                written[slots] = np.maximum(written[slots], timestamp_ms)
         self._prune(now)
 
     def apply_delete(self, table: str, ids: np.ndarray) -> None:
@@ -397,12 +476,65 @@ class RowCache:
         now = self._clock()
         slab = self._slabs[table]
         dropped = 0
+        stamps = self._ttl[table].stamps if table in self._ttl else None
         for i in ids.tolist():
             self._recent[(table, i)] = (self._seq, now)
             dropped += slab.drop(i)
+            if stamps is not None:
+                stamps.pop(i, None)
         self._held -= dropped
         self._set_bytes(self._bytes - dropped * self._cost[table])
         self._prune(now)
+
+    # -- expiry (ttl_s) -------------------------------------------------------------------------------------------
+    def set_ttl(
+        self,
+        ttl_s: Mapping[str, float],
+        *,
+        exported_at_ms: int | None,
+        margin_s: float,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Make the tables of ``ttl_s`` (table -> seconds) expiring (rule 5 of the module docstring).
+        ``exported_at_ms``: when the PS's exported rows count as written (the manifest's ``exported_at_ms``; None:
+        unknown, so only rows whose write the stream saw are cached). ``margin_s``: rows are dropped this much before
+        their ttl (clock skew between the gateway and the updater that calls ``expire``). ``wall_clock``: seconds
+        since the epoch (injectable for tests)."""
+        self._wall_ms = lambda: int(wall_clock() * 1000)
+        self._exported_ms = exported_at_ms
+        cap = max(1 << 16, 2 * (self.max_bytes // min(self._cost.values(), default=1)))
+        self._ttl = {
+            t: _Ttl(int(s * 1000), int(margin_s * 1000), cap) for t, s in ttl_s.items() if t in self.dims
+        }
+
+    def sweep(self) -> int:
+        """Drop the cached rows of expiring tables whose write-time bound is older than ``ttl - margin`` (and those
+        due within the table's slack, so that sweeps that find something run at most once per slack). O(1) while
+        nothing is due; returns the rows dropped."""
+        if not self._ttl:
+            return 0
+        now = self._wall_ms()
+        dropped = 0
+        for table, ttl in self._ttl.items():
+            if now < ttl.due_ms:
+                continue
+            slab = self._slabs[table]
+            held = slab.held()
+            cutoff = now + ttl.margin_ms + ttl.slack_ms - ttl.ttl_ms
+            old = held[slab.written[held] < cutoff]
+            for i in slab.ids[old].tolist():
+                slab.drop(i)
+            kept = held[slab.written[held] >= cutoff]
+            ttl.due_ms = int(slab.written[kept].min()) + ttl.ttl_ms - ttl.margin_ms if kept.size else _NEVER
+            dropped += old.size
+            self._bytes -= old.size * self._cost[table]
+        if dropped:
+            self._held -= dropped
+            self.expired += dropped
+            if self._m is not None:
+                self._m.expired.labels(self.model).inc(dropped)
+            self._set_bytes(self._bytes)
+        return dropped
 
     # -- internals -----------------------------------------------------------------------------------------------
     def _evict(self) -> None:
@@ -464,6 +596,7 @@ class CachedRowSource:
         # rows' (a rollout fallback) bypasses too; a newer one empties the cache first (rows differ by version).
         if not cache.serving or version.label is not None or not cache.accepts_version(version.version):
             return await self.inner.lookup(shard_ids, version, deadline)
+        cache.sweep()  # expired rows (ttl_s) are never answered
         masks, hits, missed = cache.get_many(shard_ids)
         if not missed:
             return ShardRows(hits, ("",) * len(shard_ids))  # every row was cached: no PS call

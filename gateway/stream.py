@@ -81,6 +81,14 @@ class DeltaStream:
         self._stop = asyncio.Event()
         self.applied = 0  # delta messages applied (tests wait on it)
         self.progress = asyncio.Condition()
+        for (
+            name,
+            cache,
+        ) in self.caches.items():  # expiring tables (ttl_s): the cache drops what the PS expires
+            manifest = self.manifests[name]
+            ttl = {t.name: t.ttl_s for t in manifest.tables if t.ttl_s is not None}
+            if ttl:
+                cache.set_ttl(ttl, exported_at_ms=manifest.exported_at_ms, margin_s=settings.expiry_margin_s)
 
     @property
     def lag_s(self) -> float:
@@ -128,6 +136,8 @@ class DeltaStream:
                 for records in batches.values():
                     for rec in records:
                         self._apply(rec)
+                for cache in self.caches.values():
+                    cache.sweep()  # release expired rows even while no request reads them
                 await self._check_lag(consumer)
                 if batches:
                     async with self.progress:
@@ -170,7 +180,7 @@ class DeltaStream:
             cache.apply_delete(delta.table, delta.ids)
         else:
             assert delta.values is not None
-            cache.apply_upsert(delta.table, delta.ids, delta.values)
+            cache.apply_upsert(delta.table, delta.ids, delta.values, delta.timestamp_ms)
         self.applied += 1
         self._count("applied")
 

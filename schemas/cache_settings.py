@@ -31,6 +31,12 @@ class CacheSettings(BaseModel):
         description="a row updated by a delta in the last settle_s seconds is not filled from the PS "
         "(bound on the updater's publish -> PS write delay)",
     )
+    expiry_margin_s: float = Field(
+        60.0,
+        ge=0,
+        description="tables with ttl_s: a cached row is dropped this long before its ttl runs out (bound on the "
+        "clock difference between the gateway and the updater that calls the PS expire signature)",
+    )
     bootstrap_servers: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers (host:port, comma-separated)"
     )

@@ -328,6 +328,12 @@ class Manifest(_Strict):
         "TF Serving release of that version; None = not recorded (manifests written before the field existed)",
     )
 
+    exported_at_ms: int | None = Field(
+        None,
+        ge=0,
+        description="wall-clock ms at which the exported PS rows count as written (tables with ttl_s expire from "
+        "it); None = not recorded",
+    )
     ps_version: int | None = Field(
         None,
         gt=0,

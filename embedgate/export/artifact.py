@@ -86,7 +86,10 @@ def import_tables(
     ver = next_version(md) if version is None else version
     specs = [t.model_copy(update={"rows": len(rows[t.name][0])}) for t in manifest.tables]
     # The tables are written without a stream position: the kept ones hold only the old version's exported rows.
-    new_manifest = manifest.model_copy(update={"version": ver, "tables": specs, "stream_cut": {}})
+    written_ms = int(time.time() * 1000)  # the imported and kept rows count as written now (ttl_s)
+    new_manifest = manifest.model_copy(
+        update={"version": ver, "tables": specs, "stream_cut": {}, "exported_at_ms": written_ms}
+    )
     n = manifest.num_shards
 
     def build(tmp: Path) -> None:
@@ -99,7 +102,7 @@ def import_tables(
                 specs,
                 part,
                 layout=manifest.ps_layout,
-                written_ms=int(time.time() * 1000),
+                written_ms=written_ms,
             )
 
     # The raw-value mapping of lookup features is the entry's, which is copied unchanged: keep it.

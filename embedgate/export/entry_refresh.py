@@ -94,6 +94,7 @@ def export_entry(
         ps_layout=current.ps_layout,
         stream_cut=current.stream_cut,
         tensorflow_version=_tensorflow_version(),
+        exported_at_ms=current.exported_at_ms,  # the PS version's rows
     )
     _check_layout(model_dir, current, manifest, plan.mappings)
     tmp = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.entry-", dir=model_dir.parent))

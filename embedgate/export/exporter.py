@@ -198,6 +198,7 @@ def _export_plan(
     if ver < 1:
         raise ExportError(f"version must be >= 1, got {ver}")
     entry_spec = _entry_spec(plan.outputs, entry_input, entry_row_dtype)
+    written_ms = int(time.time() * 1000)  # exported rows count as written now (ttl_s)
     manifest = Manifest(
         model_name=decl.model_name,
         version=ver,
@@ -209,8 +210,8 @@ def _export_plan(
         ps_layout=layout,
         stream_cut=dict(stream_cut or {}),
         tensorflow_version=_tensorflow_version(),
+        exported_at_ms=written_ms,
     )
-    written_ms = int(time.time() * 1000)  # exported rows count as written now (ttl_s)
     report: list[Any] = []
 
     def build(tmp: Path) -> None:

@@ -248,7 +248,10 @@ def helm_values(model_dir: str | Path, hosts: Sequence[tuple[str, str]]) -> str:
     model = values["model"]
     lines = [
         "model:",
-        *(f"  {key}: {model[key]}" for key in ("name", "shards", "rowsPerShard", "dim")),
+        *(
+            f"  {key}: {model[key]}"
+            for key in ("name", "shards", "rowsPerShard", "dim", "psLayout", "rowBytes")
+        ),
         "psHosts:",
     ]
     for host in values["psHosts"]:
@@ -261,9 +264,11 @@ def helm_placement(model_dir: str | Path, hosts: Sequence[tuple[str, str]]) -> d
 
     A host named several times gets every shard any of its filters selects (the entry is placed by the chart itself).
     Refuses a host that selects no shard and a placement that leaves a shard on no host. For the chart's PS memory
-    request (rows x (180 + 6.4 x dim) MB per million rows, per shard on a host): ``model.rowsPerShard`` is the rows
+    request (per million rows, per shard on a host: docs/deployment.md "Sizing"): ``model.rowsPerShard`` is the rows
     of every table spread over the shards, ``model.dim`` the tables' dims weighted by their rows (rounded up), so
-    that the product covers every table of a shard.
+    that the product covers every table of a shard; ``model.psLayout`` the manifest's PS layout and
+    ``model.rowBytes`` the bytes a stored element takes (4 for float32, 2 for float16/bfloat16 rows), weighted by
+    rows x dim and rounded up.
     """
     md = Path(model_dir).resolve()
     manifest = Manifest.load(md)
@@ -280,6 +285,8 @@ def helm_placement(model_dir: str | Path, hosts: Sequence[tuple[str, str]]) -> d
         "shards": manifest.num_shards,
         "rowsPerShard": max(-(-total_rows // manifest.num_shards), 1),
         "dim": max(-(-sum(t.rows * t.dim for t in manifest.tables) // max(total_rows, 1)), 1),
+        "psLayout": manifest.ps_layout.value,
+        "rowBytes": _row_bytes(manifest),
     }
     ps_hosts: list[dict[str, Any]] = []
     for host, filters in by_host.items():
@@ -292,6 +299,15 @@ def helm_placement(model_dir: str | Path, hosts: Sequence[tuple[str, str]]) -> d
     if missing:
         raise PlacementError(f"{md}: shards {missing} are on no host; every shard needs at least one")
     return {"model": model, "psHosts": ps_hosts}
+
+
+def _row_bytes(manifest: Manifest) -> int:
+    """Bytes per stored row element over every table, weighted by rows x dim and rounded up (4 without rows)."""
+    floats = sum(t.rows * t.dim for t in manifest.tables)
+    if not floats:
+        return 4
+    stored = sum(t.rows * t.dim * (4 if t.row_dtype == "float32" else 2) for t in manifest.tables)
+    return -(-stored // floats)
 
 
 def check_host_name(host: str) -> None:

@@ -166,14 +166,30 @@ def test_gateway_serves_tf_serving_ports_with_probes_and_an_hpa() -> None:
     assert hpa["scaleTargetRef"]["name"] == "r-embedgate-gateway" and hpa["minReplicas"] == 2
 
 
-def test_ps_memory_request_follows_the_sizing_figure() -> None:
-    # the server's baseline + (180 + 6.4 x dim) MB per million rows (docs/deployment.md) per shard on the host,
-    # times the 1.3 headroom: 10 M rows per shard at dim 128; host "one" serves one shard, host "three" three
-    baseline = yaml.safe_load((CHART / "values.yaml").read_text())["ps"]["baselineMi"]
-    assert baseline >= 749  # serve-local's measured RSS with an empty PS (docs/deployment.md "Sizing")
+@pytest.mark.parametrize(
+    ("layout", "row_bytes", "mb_per_million"),
+    [
+        ("hash", 4, 180 + 6.4 * 128),  # the hash layout's figure (docs/deployment.md "Sizing")
+        ("slab", 4, 32 + 1.1 * 4 * 128),  # the slab layout's, float32 rows
+        ("slab", 2, 32 + 1.1 * 2 * 128),  # float16 / bfloat16 rows
+    ],
+)
+def test_ps_memory_request_follows_the_sizing_figure(
+    layout: str, row_bytes: int, mb_per_million: float
+) -> None:
+    # the server's baseline + MB per million rows of the layout (docs/deployment.md) per shard on the host, times
+    # the 1.3 headroom: 10 M rows per shard at dim 128; host "one" serves one shard, host "three" three
+    ps = yaml.safe_load((CHART / "values.yaml").read_text())["ps"]
+    assert (
+        ps["baselineMi"] >= 749
+    )  # serve-local's measured RSS with an empty PS (docs/deployment.md "Sizing")
+    assert ps["writeBuffersMi"] >= 112  # kept after write calls (docs/benchmarks.md "Scale ladder")
+    baseline = ps["baselineMi"] + ps["writeBuffersMi"]
     docs = render(
         "model.rowsPerShard=10000000",
         "model.dim=128",
+        f"model.psLayout={layout}",
+        f"model.rowBytes={row_bytes}",
         "model.shards=4",
         "kafka.topicPartitions=4",
         "psHosts[0].name=one",
@@ -181,7 +197,7 @@ def test_ps_memory_request_follows_the_sizing_figure() -> None:
         "psHosts[1].name=three",
         "psHosts[1].shards={1,2,3}",
     )
-    mb = round(10 * (180 + 6.4 * 128))  # 9992 MB per shard
+    mb = round(10 * mb_per_million)  # MB per shard
     memory = {
         name: sts["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"]
         for name, sts in by_kind(docs, "StatefulSet").items()
@@ -191,7 +207,7 @@ def test_ps_memory_request_follows_the_sizing_figure() -> None:
         "r-embedgate-ps-three": f"{math.ceil(baseline + 3 * mb * 1.3)}Mi",
     }
     # a host of an empty model still asks for the baseline
-    docs = render("model.rowsPerShard=0", "ps.baselineMi=300")
+    docs = render("model.rowsPerShard=0", "ps.baselineMi=300", "ps.writeBuffersMi=0")
     requests = {
         sts["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"]
         for sts in by_kind(docs, "StatefulSet").values()
@@ -254,6 +270,8 @@ def test_values_from_the_placement_generator_render(tmp_path: Path, demo_artifac
     rows = sum(t.rows for t in manifest.tables)
     assert values["model"]["rowsPerShard"] == math.ceil(rows / manifest.num_shards)
     assert values["model"]["dim"] == math.ceil(sum(t.rows * t.dim for t in manifest.tables) / rows)
+    assert values["model"]["psLayout"] == manifest.ps_layout.value
+    assert values["model"]["rowBytes"] == 4  # float32 rows
     assert len(manifest.tables) > 1
     path = tmp_path / "values.yaml"
     path.write_text(proc.stdout)
@@ -313,6 +331,10 @@ def test_placement_generator_weights_dims_by_rows(tmp_path: Path, demo_artifacts
 
     doc = json.loads((demo_artifacts.model_dir / "manifest.json").read_text())
     doc["tables"][0]["dim"], doc["tables"][0]["rows"] = 128, 30_000  # one wide table among dim-16 ones
+    doc["tables"][0]["row_dtype"], doc["ps_layout"] = (
+        "float16",
+        "slab",
+    )  # most of the floats in half precision
     (tmp_path / "manifest.json").write_text(json.dumps(doc))
     values = yaml.safe_load(helm_values(tmp_path, [("all", "ps_{i}; True")]))
     shards = demo_artifacts.manifest.num_shards
@@ -321,6 +343,9 @@ def test_placement_generator_weights_dims_by_rows(tmp_path: Path, demo_artifacts
     assert values["model"]["rowsPerShard"] == math.ceil(rows / shards)
     assert values["model"]["dim"] == math.ceil(sum(r * d for r, d in tables) / rows)
     assert 16 < values["model"]["dim"] < 128
+    floats = sum(r * d for r, d in tables)
+    assert values["model"]["rowBytes"] == math.ceil((2 * 30_000 * 128 + 4 * (floats - 30_000 * 128)) / floats)
+    assert values["model"]["psLayout"] == "slab"
     assert values["psHosts"] == [{"name": "all", "shards": list(range(shards))}]
 
 

@@ -80,13 +80,21 @@ models:
 {{- end -}}
 
 {{/* PS memory request in MiB of a pod serving N shards, called with (list $ N):
-     ps.baselineMi + N x rowsPerShard x (180 + 6.4 x dim) MB per million rows x headroom. The rows term was measured
-     with every row written by the updater once (row versions held); the baseline is the server's own memory with
-     no rows (docs/deployment.md "Sizing"). */}}
+     ps.baselineMi + ps.writeBuffersMi + N x rowsPerShard x (MB per million rows) x headroom, where MB per million
+     rows is 32 + 1.1 x rowBytes x dim for the slab layout (the scale ladder's cost per row, python -m
+     benchmarks.scale) and 180 + 6.4 x dim for the hash layout (benchmarks.export_bench, with every row written once
+     more); the baseline is the server's own memory with no rows, writeBuffersMi what it keeps after write calls
+     (docs/deployment.md "Sizing"). */}}
 {{- define "embedgate.psMemoryMi" -}}
 {{- $root := index . 0 -}}
 {{- $shards := int (index . 1) -}}
-{{- $perShard := div (mul (int $root.Values.model.rowsPerShard) (add 1800 (mul 64 (int $root.Values.model.dim)))) 10000000 -}}
+{{- $dim := int $root.Values.model.dim -}}
+{{- $perMillion10 := add 1800 (mul 64 $dim) -}}
+{{- if ne (toString $root.Values.model.psLayout) "hash" -}}
+{{- $perMillion10 = add 320 (mul 11 (mul (int $root.Values.model.rowBytes) $dim)) -}}
+{{- end -}}
+{{- $perShard := div (mul (int $root.Values.model.rowsPerShard) $perMillion10) 10000000 -}}
 {{- $rows := mulf (float64 (mul $perShard $shards)) (float64 $root.Values.ps.headroom) -}}
-{{- printf "%dMi" (int (ceil (addf (float64 $root.Values.ps.baselineMi) $rows))) -}}
+{{- $fixed := add (int $root.Values.ps.baselineMi) (int $root.Values.ps.writeBuffersMi) -}}
+{{- printf "%dMi" (int (ceil (addf (float64 $fixed) $rows))) -}}
 {{- end -}}
