@@ -175,6 +175,8 @@ def classify_response(results: Sequence[Sequence[tuple[str, float]]]) -> bytes |
     scores = [float(np.float32(score)) for classes in results for _, score in classes]
     body: bytes = mod.classify_response(labels, scores, [len(classes) for classes in results])
     return body
+
+
 def plan_lookups(
     ids: Sequence[np.ndarray], tables: Sequence[int], num_tables: int, num_shards: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
