@@ -454,6 +454,7 @@ def _stack(root: Path, model_dirs: dict[str, Path], poll_s: float) -> Iterator[t
     broker, the updater and the gateway URL."""
     import yaml
 
+    from embedgate.export.placement import SERVED_VERSIONS
     from tests.support.gateway import run_gateway
     from tests.support.kafka import kafka_broker
     from tests.support.servers import serve_local
@@ -464,7 +465,8 @@ def _stack(root: Path, model_dirs: dict[str, Path], poll_s: float) -> Iterator[t
         backends: dict[str, Path] = {}
         for d in model_dirs.values():
             backends.update(exported_backends(d))
-        srv = stack.enter_context(serve_local(backends, poll_seconds=poll_s))
+        # two versions per servable, as the generated deployments: a full re-export rolls out without 503s
+        srv = stack.enter_context(serve_local(backends, poll_seconds=poll_s, num_versions=SERVED_VERSIONS))
         models = {
             k: embedding_model(d, entry=srv.target, shards=[[srv.target]] * 2) for k, d in model_dirs.items()
         }

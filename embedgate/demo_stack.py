@@ -104,6 +104,7 @@ class DemoStack:
         return str(self.broker.bootstrap)
 
     def write_configs(self, bootstrap: str) -> tuple[Path, Path, Path]:
+        from embedgate.export.placement import SERVED_VERSIONS
         from schemas.manifest import Manifest, entry_model_name, ps_dir_name, ps_model_name
 
         manifest = Manifest.load(self.model_dir)
@@ -117,7 +118,8 @@ class DemoStack:
             "model_config_list {\n"
             + "".join(
                 f'  config {{\n    name: "{name}"\n    base_path: "{path.resolve()}"\n'
-                f'    model_platform: "tensorflow"\n  }}\n'
+                f'    model_platform: "tensorflow"\n'
+                f"    model_version_policy {{ latest {{ num_versions: {SERVED_VERSIONS} }} }}\n  }}\n"
                 for name, path in served.items()
             )
             + "}\n"

@@ -20,6 +20,7 @@ from typing import Any
 from schemas.manifest import Manifest, entry_model_name, ps_dir_name, ps_model_name
 
 __all__ = [
+    "SERVED_VERSIONS",
     "Filter",
     "PlacementError",
     "Servable",
@@ -31,6 +32,15 @@ __all__ = [
     "parse_filter",
     "select",
 ]
+
+
+SERVED_VERSIONS = 2
+"""``model_version_policy { latest { num_versions: 2 } }`` on every generated servable: the previous version of the
+entry and of each PS shard stays loaded while the next one loads. A full re-export publishes a new entry and new PS
+versions that each backend loads on its own; with TF Serving's default (latest 1) the old entry is unloaded as soon
+as the new one is AVAILABLE, while shards still load theirs, and no entry/PS pair is served everywhere (503s until
+every shard has it). With two versions the gateway keeps serving the previous complete pair (docs/export.md
+"Rollout of a full re-export")."""
 
 
 class PlacementError(ValueError):
@@ -223,7 +233,8 @@ def _parsed(filters: Sequence[str | Filter]) -> list[Filter]:
 
 
 def model_config(servables: Sequence[Servable]) -> str:
-    """TF Serving ``ModelServerConfig`` text proto with one ``config`` per servable."""
+    """TF Serving ``ModelServerConfig`` text proto with one ``config`` per servable, each keeping the latest
+    :data:`SERVED_VERSIONS` versions loaded."""
     lines = ["model_config_list {"]
     for s in servables:
         lines += [
@@ -231,6 +242,7 @@ def model_config(servables: Sequence[Servable]) -> str:
             f"    name: {_quote(s.name)}",
             f"    base_path: {_quote(s.base_path)}",
             '    model_platform: "tensorflow"',
+            f"    model_version_policy {{ latest {{ num_versions: {SERVED_VERSIONS} }} }}",
             "  }",
         ]
     lines.append("}")

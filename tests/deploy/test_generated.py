@@ -79,6 +79,8 @@ def _served_by_config(text: str) -> list[tuple[str, str]]:
     from tensorflow_serving.config import model_server_config_pb2
 
     config = text_format.Parse(text, model_server_config_pb2.ModelServerConfig())
+    # every servable keeps its latest two versions loaded (a full re-export loses no request, docs/export.md)
+    assert all(c.model_version_policy.latest.num_versions == 2 for c in config.model_config_list.config)
     return [(c.name, c.base_path) for c in config.model_config_list.config]
 
 

@@ -117,6 +117,7 @@ def test_tf_serving_configs_parse_and_place_each_shard_where_ps_hosts_say() -> N
     for key in ("entry.config", "ps-a.config", "ps-b.config"):
         config = text_format.Parse(data[key], model_server_config_pb2.ModelServerConfig())
         served[key] = [(c.name, c.base_path) for c in config.model_config_list.config]
+        assert all(c.model_version_policy.latest.num_versions == 2 for c in config.model_config_list.config)
     assert served["entry.config"] == [("demo_entry", "/models/demo/entry")]
     assert [n for n, _ in served["ps-a.config"]] == ["demo_ps_0", "demo_ps_2", "demo_ps_3"]
     assert served["ps-b.config"] == [("demo_ps_1", "/models/demo/ps_1"), ("demo_ps_3", "/models/demo/ps_3")]

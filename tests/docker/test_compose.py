@@ -28,6 +28,7 @@ def test_tf_serving_model_configs_parse_as_model_server_config() -> None:
         )
         for model in config.model_config_list.config:
             assert model.base_path.startswith("/models/demo/")
+            assert model.model_version_policy.latest.num_versions == 2, name  # docs/export.md, full re-export
             served.add(model.name)
     assert served == {"demo_entry", "demo_ps_0", "demo_ps_1"}
 

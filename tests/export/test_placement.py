@@ -6,7 +6,13 @@ from typing import Any
 import pytest
 from google.protobuf import text_format
 
-from embedgate.export.placement import PlacementError, model_config, parse_filter, select
+from embedgate.export.placement import (
+    SERVED_VERSIONS,
+    PlacementError,
+    model_config,
+    parse_filter,
+    select,
+)
 
 
 def _parse(text: str) -> Any:
@@ -25,6 +31,9 @@ def test_layout_filters_render_a_model_server_config(tiny: Any) -> None:
     ]
     for c in cfg.model_config_list.config:
         assert (Path(c.base_path) / "1" / "saved_model.pb").is_file()
+        # the previous version stays loaded while the next one loads (a full re-export loses no request)
+        assert c.model_version_policy.WhichOneof("policy_choice") == "latest"
+        assert c.model_version_policy.latest.num_versions == SERVED_VERSIONS == 2
     even = _parse(
         model_config(
             select(md, ["ps_{i}; i % 2 == 0 and not i > 5"], name_prefix="x", base_path_root="/models/")

@@ -59,12 +59,17 @@ def _python() -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
-def _config_text(models: dict[str, Path]) -> str:
+def _config_text(models: dict[str, Path], num_versions: int | None = None) -> str:
+    policy = (
+        ""
+        if num_versions is None
+        else f"    model_version_policy {{ latest {{ num_versions: {num_versions} }} }}\n"
+    )
     parts = []
     for name, base in models.items():
         parts.append(
             f'  config {{\n    name: "{name}"\n    base_path: "{Path(base).resolve()}"\n'
-            f'    model_platform: "tensorflow"\n  }}\n'
+            f'    model_platform: "tensorflow"\n{policy}  }}\n'
         )
     return "model_config_list {\n" + "".join(parts) + "}\n"
 
@@ -86,8 +91,13 @@ def serve_local(
     port: int | None = None,
     extra_args: Sequence[str] = (),
     credentials: Any = None,
+    num_versions: int | None = None,
 ) -> Iterator[LocalServer]:
     """Run serve-local on ``models`` (served name -> base path, or a model config file) until the block ends.
+
+    ``num_versions``: with a dict, every model gets ``model_version_policy { latest { num_versions } }`` (None: no
+    policy, TF Serving's default of the latest version only; ``embedgate.export.placement.SERVED_VERSIONS`` is
+    what the generated deployments use).
 
     ``credentials`` (``grpc.ChannelCredentials``) is what the readiness probe connects with when ``extra_args``
     make the server speak TLS (``--ssl_config_file``)."""
@@ -95,7 +105,7 @@ def serve_local(
         workdir = Path(tmp)
         if isinstance(models, dict):
             config = workdir / "models.config"
-            config.write_text(_config_text(models), encoding="utf-8")
+            config.write_text(_config_text(models, num_versions), encoding="utf-8")
             names = tuple(models)
         else:
             config = Path(models)
