@@ -361,3 +361,42 @@ def test_rest_codec_uses_the_native_batch_and_keeps_the_reference_errors(columna
             assert not isinstance(got, str) and not isinstance(worker, str)
             _same(got, ref)
             _same(worker, ref)
+
+
+_FULL = '"item": 7, "genres": [3], "tags": [], "age": 1, "ctx": [1, 2, 3]'
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"instances": [{"user": 1, "user": 2, '
+        + _FULL
+        + "}]}",  # duplicate key: the last wins on both paths
+        '{"instances": [{"user": 1, ' + _FULL + '}], "instances": [{"user": 5, ' + _FULL + "}]}",
+        '{"inputs": {"user": [1], "item": [7], "genres": [[3]], "tags": [[]], "age": [1], "ctx": [[1, 2, 3]]}}',
+        (
+            '{"inputs": {"user": [1], "item": [7], "genres": [[3]], "tags": [[]], "age": [1], "ctx": [[1, 2, 3]], '
+            '"item_w": [0.5], "genres_w": [[2]]}}'
+        ),
+        '{"instances": [{"user": 123456789012345678901234567890, ' + _FULL + "}]}",
+        (
+            '{"instances": [{"user": 1, "item": 7, "genres": [3], "tags": [], "age": 123456789012345678901234567, '
+            '"ctx": [1e-400, 1.00000000000000011102230246251565404236316680908203125, 3.4028235677973366e38]}]}'
+        ),
+        '{"instances": [{"user": 1, '
+        + _FULL
+        + ', "item_w": 3.4028235677973366e38}]}',  # the midpoint: rounds to inf, an error
+        '{"instances": [{"user": 1, '
+        + _FULL
+        + ', "item_w": 3.4028235e38}]}',  # beyond float32 max, rounds to it
+        '{"instances": [{"user": 1, ' + _FULL + ', "genres_w": [1, 2]}]}',  # one weight per id
+        '{"instances": [{"user": 1, ' + _FULL + ', "genres_w": 1}]}',
+        '{"instances": [{"user": 1, "item": 7, "genres": [1, 2, 3, 4, 5, 6], "tags": [], "age": 1, "ctx": [1, 2, 3]}]}',
+        '{"instances": [{"user": 1, ' + _FULL + '}], "signature_name": 5}',
+        '{"instances": [{"user": "\\ud800", ' + _FULL + "}]}",
+        '{"instances": [{"user": 1, ' + _FULL + "}]} x",
+        '{"instances": [{"user": NaN, ' + _FULL + "}]}",
+    ],
+)
+def test_hostile_bodies_agree_with_the_reference(body: str) -> None:
+    _check(body.encode(), MANIFEST)
