@@ -9,6 +9,7 @@ hot-row cache (every row of the request held). Stages, each timed alone (process
   vs the reference ``parse_document`` (orjson + limits) + ``batch_from_instances``;
 * ``rest_parse_py_features``: the same with the native check but the Python features (the route before the native
   feature parser: the body parsed again by orjson for ``batch_from_instances``), against the same reference;
+* ``rest_parse_columns``: ``rest_parse`` for the same examples in the columnar form (``{"inputs": {...}}``);
 * ``grpc_parse``: gRPC feature tensors -> FeatureBatch (``batch_from_tensors``; reference only here);
 * ``plan``: ``gateway.embedding.plan_lookups`` (native) vs ``plan_lookups_reference``;
 * ``cache_read``: ``CachedRowSource.lookup`` all hits, on a cache with the native ``SlotIndex`` vs a ``dict``;
@@ -59,13 +60,14 @@ from schemas.wire import predict_request_for
 STAGES = (
     "rest_parse",
     "rest_parse_py_features",
+    "rest_parse_columns",
     "grpc_parse",
     "plan",
     "cache_read",
     "entry_request",
     "pooled_entry_request",
 )
-NATIVE_STAGES = ("rest_parse", "plan", "cache_read", "pooled_entry_request")
+NATIVE_STAGES = ("rest_parse", "rest_parse_columns", "plan", "cache_read", "pooled_entry_request")
 HEADING = "## Embedding hot path: native vs Python reference, per stage (issue 17)"
 
 
@@ -146,8 +148,9 @@ _LIMITS = LimitsSettings()
 def _rest_parse(body: bytes, m: Manifest, mode: str, py_features: bool = False) -> FeatureBatch:
     """What the REST route runs for a predict body of an embedding model (gateway/routes/v1.py): natively the one-pass
     check (``native.check_predict``) then the features from the checked body (``native.request_features``); on the
-    reference ``parse_document`` (orjson + limits) then ``batch_from_instances``. ``py_features``: the native check
-    but the Python features (the route before native/src/features.rs: orjson + ``batch_from_instances``)."""
+    reference ``parse_document`` (orjson + limits) then ``batch_from_instances`` (or ``batch_from_columns``).
+    ``py_features``: the native check but the Python features (the route before native/src/features.rs: orjson +
+    ``batch_from_instances``)."""
     if mode == "auto":
         parsed = parse_predict_native("demo", VersionSpec(), body, _LIMITS)
         if parsed is None:
@@ -161,6 +164,7 @@ def _rest_parse(body: bytes, m: Manifest, mode: str, py_features: bool = False) 
 def _stages(m: Manifest, batch_size: int, mode: str) -> dict[str, Callable[[], object]]:
     rows = instances(batch_size)
     body = json.dumps({"instances": rows}).encode()
+    columns = json.dumps({"inputs": {k: [r[k] for r in rows] for k in rows[0]}}).encode()
     tensors = _tensors(rows, m)
     batch: FeatureBatch = batch_from_instances(orjson.loads(body)["instances"], m)
     with _mode(mode):
@@ -177,6 +181,7 @@ def _stages(m: Manifest, batch_size: int, mode: str) -> dict[str, Callable[[], o
     return {
         "rest_parse": lambda: _rest_parse(body, m, mode),
         "rest_parse_py_features": lambda: _rest_parse(body, m, mode, py_features=True),
+        "rest_parse_columns": lambda: _rest_parse(columns, m, mode),
         "grpc_parse": lambda: batch_from_tensors(tensors, m),
         "plan": lambda: planner(batch, m),
         "cache_read": lambda: _run(source.lookup(plan.shard_ids, VersionSpec(), 0.0)),
