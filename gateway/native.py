@@ -15,6 +15,11 @@ hot-row cache's id -> slot index (:func:`slot_index`; reference: a ``dict``), an
 entry (:func:`pool_feature`; reference ``gateway.embedding._combine``). All three take every input the reference
 takes (no per-request fallback); ``tests/gateway/test_native_plan.py`` checks they give the same plans, the same
 pooled rows (bit for bit) and the same entry requests.
+
+For an embedding model's REST predict body it parses the features (:func:`request_features`; reference
+``gateway.features.batch_from_instances`` / ``batch_from_columns``) from the tree :func:`check_predict` kept, for
+rows and columns of integer ids and numbers; every other body returns None and the reference parses it (and words
+every error). ``tests/gateway/test_native_features.py`` checks the batches are the same bit for bit.
 """
 
 from __future__ import annotations
