@@ -4,7 +4,12 @@ The demo-like manifest of ``benchmarks.request_cpu_bench`` (7 single + 2 multi f
 dense inputs, 2 shards; Zipf ids) in the ``unique_rows`` entry mode (what ``embedgate export`` writes), with a warm
 hot-row cache (every row of the request held). Stages, each timed alone (process CPU time):
 
-* ``rest_parse``: REST row JSON -> FeatureBatch (orjson + ``batch_from_instances``; reference only here);
+* ``rest_parse``: a REST row body -> FeatureBatch as the route does it (``_rest_parse``): natively the one-pass
+  check ``native.check_predict`` (serde_json tree + limits) + ``native.request_features`` (native/src/features.rs)
+  vs the reference ``parse_document`` (orjson + limits) + ``batch_from_instances``;
+* ``rest_parse_py_features``: the same with the native check but the Python features (the route before the native
+  feature parser: the body parsed again by orjson for ``batch_from_instances``), against the same reference;
+* ``rest_parse_columns``: ``rest_parse`` for the same examples in the columnar form (``{"inputs": {...}}``);
 * ``grpc_parse``: gRPC feature tensors -> FeatureBatch (``batch_from_tensors``; reference only here);
 * ``plan``: ``gateway.embedding.plan_lookups`` (native) vs ``plan_lookups_reference``;
 * ``cache_read``: ``CachedRowSource.lookup`` all hits, on a cache with the native ``SlotIndex`` vs a ``dict``;
@@ -44,13 +49,25 @@ from gateway.core.requests import VersionSpec
 from gateway.embedding import entry_inputs, plan_lookups, plan_lookups_reference
 from gateway.features import FeatureBatch, batch_from_instances
 from gateway.grpc_front.features import batch_from_tensors
+from gateway.limits import parse_document
+from gateway.routes.rest_codec import parse_predict, parse_predict_native
+from schemas.gateway_settings import LimitsSettings
 from schemas.manifest import FeatureKind, Manifest
 from schemas.proto import tfs_pb2
 from schemas.tensors import from_ndarray
 from schemas.wire import predict_request_for
 
-STAGES = ("rest_parse", "grpc_parse", "plan", "cache_read", "entry_request", "pooled_entry_request")
-NATIVE_STAGES = ("plan", "cache_read", "pooled_entry_request")
+STAGES = (
+    "rest_parse",
+    "rest_parse_py_features",
+    "rest_parse_columns",
+    "grpc_parse",
+    "plan",
+    "cache_read",
+    "entry_request",
+    "pooled_entry_request",
+)
+NATIVE_STAGES = ("rest_parse", "rest_parse_columns", "plan", "cache_read", "pooled_entry_request")
 HEADING = "## Embedding hot path: native vs Python reference, per stage (issue 17)"
 
 
@@ -125,9 +142,29 @@ def _per_call(fn: Callable[[], object], seconds: float) -> float:
     return spent / n
 
 
+_LIMITS = LimitsSettings()
+
+
+def _rest_parse(body: bytes, m: Manifest, mode: str, py_features: bool = False) -> FeatureBatch:
+    """What the REST route runs for a predict body of an embedding model (gateway/routes/v1.py): natively the one-pass
+    check (``native.check_predict``) then the features from the checked body (``native.request_features``); on the
+    reference ``parse_document`` (orjson + limits) then ``batch_from_instances`` (or ``batch_from_columns``).
+    ``py_features``: the native check but the Python features (the route before native/src/features.rs: orjson +
+    ``batch_from_instances``)."""
+    if mode == "auto":
+        parsed = parse_predict_native("demo", VersionSpec(), body, _LIMITS)
+        if parsed is None:
+            raise RuntimeError("the native path declined the benchmark body")
+        if py_features:
+            parsed[1]._checked = None  # what JsonInputs.features did before: parse the document again
+        return parsed[1].features(m)
+    return parse_predict("demo", VersionSpec(), parse_document(body, _LIMITS), body)[1].features(m)
+
+
 def _stages(m: Manifest, batch_size: int, mode: str) -> dict[str, Callable[[], object]]:
     rows = instances(batch_size)
     body = json.dumps({"instances": rows}).encode()
+    columns = json.dumps({"inputs": {k: [r[k] for r in rows] for k in rows[0]}}).encode()
     tensors = _tensors(rows, m)
     batch: FeatureBatch = batch_from_instances(orjson.loads(body)["instances"], m)
     with _mode(mode):
@@ -142,7 +179,9 @@ def _stages(m: Manifest, batch_size: int, mode: str) -> dict[str, Callable[[], o
     spec = tfs_pb2.ModelSpec(name="demo_entry")
     pooled = _manifest("pooled")
     return {
-        "rest_parse": lambda: batch_from_instances(orjson.loads(body)["instances"], m),
+        "rest_parse": lambda: _rest_parse(body, m, mode),
+        "rest_parse_py_features": lambda: _rest_parse(body, m, mode, py_features=True),
+        "rest_parse_columns": lambda: _rest_parse(columns, m, mode),
         "grpc_parse": lambda: batch_from_tensors(tensors, m),
         "plan": lambda: planner(batch, m),
         "cache_read": lambda: _run(source.lookup(plan.shard_ids, VersionSpec(), 0.0)),

@@ -31,6 +31,10 @@ to its PS key (``LookupMapping.map_keys``: the value's key if the vocabulary hol
 
 Every error is :class:`gateway.errors.InvalidArgument` and names the feature and, where there is one, the example
 index: ``feature 'genres' at example 3: expected a list of int64 ids, got "abc"``.
+
+This module is the reference. The REST route first asks the native parser (``gateway.native.request_features``,
+``native/src/features.rs``), which gives the same batch for the row and columnar bodies it takes and declines every
+other body (errors included) to :func:`batch_from_instances` / :func:`batch_from_columns` here.
 """
 
 from __future__ import annotations

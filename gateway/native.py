@@ -15,6 +15,11 @@ hot-row cache's id -> slot index (:func:`slot_index`; reference: a ``dict``), an
 entry (:func:`pool_feature`; reference ``gateway.embedding._combine``). All three take every input the reference
 takes (no per-request fallback); ``tests/gateway/test_native_plan.py`` checks they give the same plans, the same
 pooled rows (bit for bit) and the same entry requests.
+
+For an embedding model's REST predict body it parses the features (:func:`request_features`; reference
+``gateway.features.batch_from_instances`` / ``batch_from_columns``) from the tree :func:`check_predict` kept, for
+rows and columns of integer ids and numbers; every other body returns None and the reference parses it (and words
+every error). ``tests/gateway/test_native_features.py`` checks the batches are the same bit for bit.
 """
 
 from __future__ import annotations
@@ -31,11 +36,14 @@ import numpy as np
 from gateway.codec import json_tensor as jt
 from gateway.codec.json_tensor import Format
 from gateway.errors import InvalidArgument
+from schemas.manifest import FeatureKind
 
 if TYPE_CHECKING:
-    from embedgate_native import CheckedBody, SlotIndex
+    from embedgate_native import CheckedBody, FeatureLayout, SlotIndex
 
+    from gateway.features import FeatureBatch
     from schemas.gateway_settings import LimitsSettings
+    from schemas.manifest import Manifest
 
 __all__ = [
     "ENV",
@@ -49,6 +57,7 @@ __all__ = [
     "predict_response",
     "predict_tensors",
     "regress_response",
+    "request_features",
     "slot_index",
 ]
 
@@ -235,3 +244,63 @@ def pool_feature(
         _COMBINERS[combiner],
     )
     return pooled
+
+
+# ---- REST features of an embedding model (native/src/features.rs; reference gateway.features) -----------------------
+
+_FEATURE_LAYOUTS: dict[int, tuple[Manifest, object, FeatureLayout | None]] = {}
+
+
+def _feature_layout(mod: ModuleType, manifest: Manifest) -> FeatureLayout | None:
+    """``manifest``'s features as the native parser takes them, built once per manifest and lookup mappings; None
+    for a model with string features (StringLookup / Hashing of strings: their hashing stays with the reference)."""
+    from gateway.features import string_features
+    from gateway.lookup_mapping import lookups_of
+
+    lookups = lookups_of(manifest)
+    hit = _FEATURE_LAYOUTS.get(id(manifest))
+    if hit is not None and hit[0] is manifest and hit[1] is lookups:
+        return hit[2]
+    layout: FeatureLayout | None = None
+    if not string_features(manifest) and hasattr(mod, "FeatureLayout"):
+        sparse = [
+            (f.name, f.kind is FeatureKind.MULTI, -1 if f.max_ids is None else f.max_ids, f.weights or "")
+            for f in manifest.sparse_features
+        ]
+        layout = mod.FeatureLayout(sparse, [(d.name, d.dim) for d in manifest.dense_features])
+    if len(_FEATURE_LAYOUTS) > 256:  # manifests live as long as the app; this only bounds test processes
+        _FEATURE_LAYOUTS.clear()
+    _FEATURE_LAYOUTS[id(manifest)] = (manifest, lookups, layout)
+    return layout
+
+
+def request_features(source: CheckedBody | bytes, manifest: Manifest) -> tuple[FeatureBatch, Format] | None:
+    """The feature batch of a REST predict body for an embedding model, parsed natively, and its format; None when
+    the native path is off or leaves the body to the reference (any error, ``b64`` examples, strings, booleans,
+    nulls, ``-0``, a columnar batch of 0 examples, a model with string features).
+
+    ``source``: the body as :func:`check_predict` parsed it (no new parse), or a raw body the caller already checked
+    (``gateway.limits.parse_document``). The batch equals ``gateway.features.batch_from_instances`` /
+    ``batch_from_columns`` of the parsed body (``map_lookups`` included: integer lookups mapped, padding dropped)."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return None
+    layout = _feature_layout(mod, manifest)
+    if layout is None:
+        return None
+    if isinstance(source, bytes):
+        done = mod.body_features(source, layout)
+    else:
+        done = mod.checked_features(source, layout)
+    if done is None:
+        return None
+    from gateway.features import FeatureBatch, SparseInput, map_lookups
+
+    row, size, sparse_arrays, dense_arrays = done
+    sparse = {
+        f.name: SparseInput(ids=ids, row_splits=splits, weights=weights)
+        for f, (ids, splits, weights) in zip(manifest.sparse_features, sparse_arrays, strict=True)
+    }
+    dense = dict(zip((d.name for d in manifest.dense_features), dense_arrays, strict=True))
+    batch = FeatureBatch(size=size, sparse=sparse, dense=dense)
+    return map_lookups(batch, manifest), Format.ROW if row else Format.COLUMNAR

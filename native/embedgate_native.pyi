@@ -41,3 +41,14 @@ def pool_feature(
     weights: np.ndarray | None,
     combiner: int,
 ) -> np.ndarray: ...
+
+# native/src/features.rs: REST features of an embedding model -> FeatureBatch arrays
+class FeatureLayout:
+    def __init__(self, sparse: list[tuple[str, bool, int, str]], dense: list[tuple[str, int]]) -> None: ...
+
+def checked_features(
+    checked: CheckedBody, layout: FeatureLayout
+) -> tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]] | None: ...
+def body_features(
+    body: bytes, layout: FeatureLayout
+) -> tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]] | None: ...

@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 mod response;
 mod plan;
 mod pool;
+mod features;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -412,5 +413,6 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     response::register(m)?;
     plan::register(m)?;
     pool::register(m)?;
+    features::register(m)?;
     Ok(())
 }
