@@ -310,7 +310,9 @@ def test_generated_bodies_checks_agree(
 def test_check_limits(
     body: bytes, limits: tuple[int, int, int], passes: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(native.ENV, "auto")  # the native check itself, also in a suite run with EMBEDGATE_NATIVE=off
+    monkeypatch.setenv(
+        native.ENV, "auto"
+    )  # the native check itself, also in a suite run with EMBEDGATE_NATIVE=off
     assert check_same_check(body, _limits(*limits)) is passes
 
 
