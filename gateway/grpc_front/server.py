@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
@@ -90,7 +91,10 @@ class GrpcFront:
     it runs on. On the gateway's loop, busy with the requests in flight, calls then waited seconds in gRPC's queue
     before the gateway saw them (even to refuse them) under overload. On its own loop the server takes calls as fast
     as they arrive, checks the token and refuses overload there; the rest of each call runs on the gateway's loop
-    (see ``gateway.grpc_front.servicer``). :meth:`start` / :meth:`stop` are called from the gateway's loop.
+    (see ``gateway.grpc_front.servicer``). The thread still needs the interpreter: while the gateway's loop runs
+    Python, CPython hands it over every switch interval (5 ms by default, which let the thread take only about 250
+    calls/s), so :meth:`start` sets ``admission.switch_interval_s`` (0.5 ms). :meth:`start` / :meth:`stop` are
+    called from the gateway's loop.
     """
 
     def __init__(self, rt: Runtime) -> None:
@@ -154,6 +158,9 @@ class GrpcFront:
             await self._on_grpc_loop(self._health.update(dict(state.models), state.ready))
 
     async def start(self) -> None:
+        switch = self._rt.settings.admission.switch_interval_s
+        if switch > 0:  # the gRPC thread gets the interpreter within this long while the gateway's loop runs
+            sys.setswitchinterval(switch)
         core_loop = asyncio.get_running_loop()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
