@@ -32,7 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=100_000)
-    p.add_argument("--every-n-batches", type=int, default=1)
+    p.add_argument("--every-n-batches", type=int, default=None, help="publish every N batches")
+    p.add_argument(
+        "--every-s",
+        type=float,
+        default=None,
+        help="publish every S seconds (neither flag: the callback's default)",
+    )
     args = p.parse_args(argv)
 
     import keras
@@ -62,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 broker.bootstrap,
                 model=model,
                 every_n_batches=args.every_n_batches,
+                every_s=args.every_s,
                 log_every=0,
             )
             with stream:
@@ -82,11 +89,20 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             broker.stop()
     print(
-        f"StreamRows overhead at batch {args.batch}, vocab {args.vocab}, every {args.every_n_batches} batch(es): "
+        f"StreamRows overhead at batch {args.batch}, vocab {args.vocab}, publishing {_cadence(args)}: "
         f"median x{statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f}); "
         f"publisher blocked {st.blocked_s:.2f} s in total, {st.rows} rows in {st.messages} messages"
     )
     return 0
+
+
+def _cadence(args: argparse.Namespace) -> str:
+    parts = []
+    if args.every_n_batches is not None:
+        parts.append(f"every {args.every_n_batches} batch(es)")
+    if args.every_s is not None:
+        parts.append(f"every {args.every_s:g} s")
+    return " and ".join(parts) or "at the callback's default cadence (every second)"
 
 
 if __name__ == "__main__":
