@@ -151,15 +151,21 @@ def test_publish_by_model_keys_consumed_back(kafka: Broker, tiny_export: Any, un
     assert [i for d in got if d.op.value == "delete" for i in d.ids.tolist()] == [3]
 
 
-async def _consume(bootstrap: str, topic: str, count: int, timeout_s: float = 60) -> list[Any]:
+async def _consume(
+    bootstrap: str, topic: str, count: int = 0, timeout_s: float = 60, ids: set[int] | None = None
+) -> list[Any]:
+    """The topic's deltas, read until ``count`` deltas, or every id of ``ids``, arrived (or ``timeout_s``)."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
     out: list[Any] = []
+    missing = set(ids or ())
     try:
         deadline = time.monotonic() + timeout_s
-        while len(out) < count and time.monotonic() < deadline:
+        while (len(out) < count or missing) and time.monotonic() < deadline:
             for recs in (await consumer.getmany(timeout_ms=300)).values():
-                out.extend(decode_delta(r.value) for r in recs)
+                for r in recs:
+                    out.append(decode_delta(r.value))
+                    missing.difference_update(out[-1].ids.tolist())
     finally:
         await consumer.stop()
     return out
@@ -203,7 +209,7 @@ def test_broker_killed_and_restarted_loses_no_row(tmp_path: Path) -> None:
         st = pub.stats()
         pub.close()
         assert blocked_before_restart > 0  # the trainer's rows waited in the buffer while the broker was down
-        got = asyncio.run(_consume(broker.bootstrap, topic, len(sent), timeout_s=120))
+        got = asyncio.run(_consume(broker.bootstrap, topic, ids=set(sent), timeout_s=120))
     received = {i for d in got for i in d.ids.tolist()}
     assert received == set(sent), f"{len(set(sent) - received)} rows lost"
     assert st.rows >= len(sent) and st.blocked_s > 0
