@@ -33,8 +33,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +55,7 @@ from schemas.manifest import FeatureKind, Manifest
 from schemas.proto import tfs_pb2
 from schemas.tensors import from_ndarray
 from schemas.wire import predict_request_for
+from tests.support.native import native_mode
 
 STAGES = (
     "rest_parse",
@@ -69,19 +69,6 @@ STAGES = (
 )
 NATIVE_STAGES = ("rest_parse", "rest_parse_columns", "plan", "cache_read", "pooled_entry_request")
 HEADING = "## Embedding hot path: native vs Python reference, per stage (issue 17)"
-
-
-@contextmanager
-def _mode(mode: str) -> Iterator[None]:
-    before = os.environ.get(native.ENV)
-    os.environ[native.ENV] = mode
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(native.ENV, None)
-        else:
-            os.environ[native.ENV] = before
 
 
 def _manifest(mode: str = "unique_rows") -> Manifest:
@@ -167,12 +154,12 @@ def _stages(m: Manifest, batch_size: int, mode: str) -> dict[str, Callable[[], o
     columns = json.dumps({"inputs": {k: [r[k] for r in rows] for k in rows[0]}}).encode()
     tensors = _tensors(rows, m)
     batch: FeatureBatch = batch_from_instances(orjson.loads(body)["instances"], m)
-    with _mode(mode):
+    with native_mode(mode):
         cache = RowCache("demo", {t.name: t.dim for t in m.tables}, 1 << 30, settle_s=0.0)
     cache.set_serving(True)
     source = CachedRowSource(_Ones(), cache)
     planner = plan_lookups if mode == "auto" else plan_lookups_reference
-    with _mode(mode):
+    with native_mode(mode):
         plan = planner(batch, m)
     asyncio.run(source.lookup(plan.shard_ids, VersionSpec(), 0.0))  # warm: every row held
     values = _run(source.lookup(plan.shard_ids, VersionSpec(), 0.0)).values
@@ -201,7 +188,7 @@ def run(batches: list[int], rounds: int, seconds: float) -> dict[int, dict[str, 
             order = list(fns) if r % 2 == 0 else list(fns)[::-1]
             for stage in STAGES:
                 for path in order:
-                    with _mode("auto" if path == "native" else "off"):
+                    with native_mode("auto" if path == "native" else "off"):
                         res[path][stage].append(_per_call(fns[path][stage], seconds) / b * 1e6)
         out[b] = res
         print(f"batch {b}: done", file=sys.stderr, flush=True)
@@ -240,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=0.2, help="CPU time per stage, batch, path and round")
     p.add_argument("--write", type=Path, default=None, help="rewrite this benchmark's section of the file")
     args = p.parse_args(argv)
-    with _mode("auto"):
+    with native_mode("auto"):
         if native.path() != "native":
             print("embedgate_native is not built: run `make install`", file=sys.stderr)
             return 2

@@ -20,9 +20,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -40,6 +37,7 @@ from gateway.routes.rest_codec import parse_predict_native, typed_features
 from schemas.gateway_settings import LimitsSettings
 from schemas.manifest import Manifest
 from schemas.proto import tfs_pb2
+from tests.support.native import native_mode
 
 pytestmark = pytest.mark.skipif(
     not native.available() or not hasattr(native._module(), "FeatureLayout"),
@@ -101,20 +99,6 @@ _ODD = st.sampled_from(
     ]
 )
 _MINUS_ZERO = b"-0"  # a JSON literal the reference reads as the int 0 and serde_json as -0.0
-
-
-@contextmanager
-def _mode(mode: str) -> Iterator[None]:
-    """``EMBEDGATE_NATIVE`` set to ``mode`` inside the block (no fixture: hypothesis runs the body many times)."""
-    before = os.environ.get(native.ENV)
-    os.environ[native.ENV] = mode
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[native.ENV]
-        else:
-            os.environ[native.ENV] = before
 
 
 @st.composite
@@ -245,7 +229,7 @@ def _declined_form(body: bytes) -> bool:
 def _check(body: bytes, manifest: Manifest) -> bool:
     """Asserts native and reference agree on ``body``; True when the native parser answered."""
     ref = _reference(body, manifest)
-    with _mode("auto"):
+    with native_mode("auto"):
         got = _native(body, manifest)
     if got is not None:
         assert not isinstance(ref, str), (body, ref)
@@ -304,13 +288,13 @@ _ROWS = [
 def test_plain_bodies_are_parsed_natively(columnar: bool) -> None:
     body = _plain(_ROWS, columnar)
     assert _check(body, MANIFEST)  # the native parser answered, and equals the reference
-    with _mode("auto"):
+    with native_mode("auto"):
         batch, _ = native.request_features(body, MANIFEST) or pytest.fail("declined")
     assert batch.sparse["genres"].ids.tolist() == [3, 4]  # padding of the mask_zero feature dropped
     assert batch.sparse["genres"].row_splits.tolist() == [0, 2, 2]
     assert batch.sparse["item"].weights is not None and batch.sparse["genres"].weights is None
     assert batch.dense["ctx"][1, 0] == np.inf  # beyond float32, as TF Serving narrows DT_FLOAT
-    with _mode("off"):
+    with native_mode("off"):
         assert native.request_features(body, MANIFEST) is None
 
 
@@ -319,7 +303,7 @@ def test_weights_sent_by_some_examples_default_to_one() -> None:
     for r in rows:
         r.pop("item_w")
     assert _check(_plain(rows, False), MANIFEST)
-    with _mode("auto"):
+    with native_mode("auto"):
         batch, _ = native.request_features(_plain(rows, False), MANIFEST) or pytest.fail("declined")
     assert batch.sparse["item"].weights is None
     assert batch.sparse["genres"].weights is not None
@@ -330,7 +314,7 @@ def test_models_with_string_features_stay_on_the_reference() -> None:
     mapping = LookupMapping("tags", LookupKind.STRING, "tags_lookup", np.array([1, 2], np.int64))
     attach_lookups(MANIFEST, {"tags": mapping})
     try:
-        with _mode("auto"):
+        with native_mode("auto"):
             assert native.request_features(_plain(_ROWS, False), MANIFEST) is None
     finally:
         detach_lookups(MANIFEST)
@@ -343,7 +327,7 @@ def test_rest_codec_uses_the_native_batch_and_keeps_the_reference_errors(columna
     assert bad != good
     for body in (good, bad):
         ref = _reference(body, MANIFEST)
-        with _mode("auto"):
+        with native_mode("auto"):
             parsed = parse_predict_native("m", VersionSpec(), body, LIMITS)
             assert parsed is not None
             inputs = parsed[1]

@@ -14,9 +14,6 @@
 from __future__ import annotations
 
 import base64
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -46,26 +43,13 @@ from gateway.lookup_mapping import HashInput, LookupKind, LookupMapping, attach_
 from schemas.manifest import Combiner, FeatureKind, Manifest, SparseFeatureSpec
 from schemas.proto import tfs_pb2
 from schemas.tensors import from_ndarray
+from tests.support.native import native_mode
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="embedgate_native is not built (make install)")
 
 _I64 = st.integers(-(2**63), 2**63 - 1)
 _WEIGHT = st.one_of(st.sampled_from([0.0, 1.0, -1.0, 0.5]), st.floats(-1e3, 1e3, width=32))
 _ID = st.one_of(st.integers(0, 12), st.integers(-5, 5), _I64, st.sampled_from([2**62, 2**63 - 1, -(2**63)]))
-
-
-@contextmanager
-def _native(mode: str) -> Iterator[None]:
-    """``EMBEDGATE_NATIVE`` set to ``mode`` inside the block (no fixture: hypothesis runs the body many times)."""
-    before = os.environ.get(native.ENV)
-    os.environ[native.ENV] = mode
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[native.ENV]
-        else:
-            os.environ[native.ENV] = before
 
 
 @st.composite
@@ -178,7 +162,7 @@ def _same_inputs(a: list[tuple[str, np.ndarray]], b: list[tuple[str, np.ndarray]
 
 
 def _both(batch: FeatureBatch, manifest: Manifest) -> tuple[LookupPlan, LookupPlan]:
-    with _native("auto"):
+    with native_mode("auto"):
         fast = plan_lookups(batch, manifest)
     return fast, plan_lookups_reference(batch, manifest)
 
@@ -197,12 +181,12 @@ def test_native_plan_and_entry_request_equal_the_reference(data: st.DataObject) 
     assert all(r.dtype == np.int32 for r in fast._rows.values())  # the native path ran
     _same_plan(fast, ref)
     values = _shard_values(ref, manifest, data.draw(st.integers(0, 3)))
-    with _native("auto"):
+    with native_mode("auto"):
         fast_inputs, pooled_fast = (
             entry_inputs(fast, values, batch, manifest),
             pool(fast, values, batch, manifest),
         )
-    with _native("off"):
+    with native_mode("off"):
         ref_inputs, pooled_ref = (
             entry_inputs(ref, values, batch, manifest),
             pool(ref, values, batch, manifest),
@@ -244,7 +228,7 @@ def test_native_pooling_equals_the_reference_bit_for_bit(
         name="f", table="t", kind=FeatureKind.SINGLE if single else FeatureKind.MULTI, combiner=combiner
     )
     sparse = SparseInput(ids=rows.astype(np.int64), row_splits=splits, weights=weights)
-    with _native("auto"):
+    with native_mode("auto"):
         got = native.pool_feature(table, rows, None if single else splits, weights, combiner.value)
     assert got is not None
     want = _combine(table[rows], sparse, spec, len(lengths))
@@ -255,7 +239,7 @@ def test_native_pooling_equals_the_reference_bit_for_bit(
 def test_native_off_runs_the_reference() -> None:
     manifest = Manifest.model_validate(_PADDED)
     batch = batch_from_instances([{"h": [3, 0], "u": 1}], manifest)
-    with _native("off"):
+    with native_mode("off"):
         assert native.plan_lookups([batch.sparse["h"].ids], [0], 1, 1) is None
         assert isinstance(native.slot_index(), dict)
         assert (
@@ -321,7 +305,7 @@ def test_padded_history_is_masked_on_every_form(mode: str) -> None:
         _same_plan(fast, ref)
         assert 0 not in np.concatenate([s["items"] for s in fast.shard_ids]).tolist(), form
         values = _shard_values(ref, manifest, 1)
-        with _native("off"):
+        with native_mode("off"):
             ref_inputs = entry_inputs(ref, values, batch, manifest)
         _same_inputs(entry_inputs(fast, values, batch, manifest), ref_inputs)
         rows = {
@@ -330,7 +314,7 @@ def test_padded_history_is_masked_on_every_form(mode: str) -> None:
             for i, v in zip(s["items"], sv["items"], strict=True)
         }
         for mode, plan in (("auto", fast), ("off", ref)):  # the native path and the reference, each checked
-            with _native(mode):
+            with native_mode(mode):
                 pooled = pool(plan, values, batch, manifest)["h"]
             mean = np.mean([rows[5], rows[9], rows[13]], axis=0)
             np.testing.assert_allclose(pooled[0], mean, rtol=1e-6, err_msg=f"{form} {mode}")
@@ -349,7 +333,7 @@ _OPS = st.lists(
 @settings(max_examples=100, deadline=None)
 @given(_OPS, st.lists(_I64, max_size=5))
 def test_slot_index_behaves_like_a_dict(ops: list[tuple[str, int, int]], extreme: list[int]) -> None:
-    with _native("auto"):
+    with native_mode("auto"):
         index = native.slot_index()
     assert not isinstance(index, dict)
     ref: dict[int, int] = {}
@@ -385,7 +369,7 @@ _CACHE_OPS = st.lists(
 def test_row_cache_answers_the_same_on_either_index(ops: list[tuple[str, str, list[int]]]) -> None:
     caches = []
     for mode in ("auto", "off"):
-        with _native(mode):
+        with native_mode(mode):
             cache = RowCache("m", {"a": 2, "b": 3}, 8 * (4 * 3 + 320), settle_s=0.0, clock=lambda: 0.0)
         cache.set_serving(True)
         caches.append(cache)
