@@ -246,10 +246,6 @@ class Admission:
         loop.call_soon_threadsafe(self.policy.note_contention)
         return self._shed(reason)
 
-    def refuse_from_thread(self, reason: str) -> GatewayError:
-        """:meth:`refuse` for a caller on another thread (metrics are thread-safe; nothing else is touched)."""
-        return self._shed(reason)
-
     def _reason(self) -> str | None:
         if self._max_lag > 0 and self._lagging:
             return "loop_lag"
@@ -260,7 +256,8 @@ class Admission:
         return "queue_full"
 
     def refuse(self, reason: str) -> GatewayError:
-        """The refusal of a request :meth:`saturated` gave ``reason`` for (counted as shed)."""
+        """The refusal of a request :meth:`saturated` gave ``reason`` for (counted as shed). Safe from any thread: it
+        only reads the state and counts (the gRPC front also refuses with ``receiving``)."""
         return self._shed(reason)
 
     def acquire(self) -> float:

@@ -200,7 +200,7 @@ class _Servicer:
                     raise refusal
                 if self._receiving >= rt.limiter.max_in_flight:  # messages being read: bounded as in flight
                     rt.metrics.rejected.inc()
-                    raise rt.limiter.refuse_from_thread("receiving")
+                    raise rt.limiter.refuse("receiving")
                 self._receiving += 1
                 try:
                     raw = await self._read(context, held)
