@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
 import numpy as np
 
-__all__ = ["Kind", "example_b64", "post_predict", "predictions"]
+__all__ = ["Answer", "Kind", "PredictLoop", "example_b64", "post_predict", "predictions"]
 
 Kind = Literal["bytes", "int64", "float"]
 
@@ -58,3 +61,68 @@ def _kind_of(name: str, values: list[Any]) -> Kind:
     if isinstance(values[0], str):
         return "bytes"
     return "float" if isinstance(values[0], float) else "int64"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One predict answer as a client saw it."""
+
+    status: int
+    degraded: str | None  # the X-Embedgate-Degraded header
+    preds: np.ndarray | None  # the predictions, flat float64, of a 200
+    error: str  # the error text of anything else ("" for a 200)
+
+
+@dataclass
+class PredictLoop:
+    """Posts ``body`` to ``model``'s REST predict in a loop bounded by ``max_requests`` (per ``run``) and ``max_seconds``, until
+    ``stop`` is set; every answer is recorded in order. Run it from one thread or several (``run`` is the target)."""
+
+    url: str
+    model: str
+    body: bytes
+    max_requests: int
+    max_seconds: float
+    answers: list[Answer] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run(self) -> None:
+        end = time.monotonic() + self.max_seconds
+        with httpx.Client(timeout=60.0) as client:
+            for _ in range(self.max_requests):
+                if self.stop.is_set() or time.monotonic() > end:
+                    return
+                answer = _answer(client.post(f"{self.url}/v1/models/{self.model}:predict", content=self.body))
+                with self._lock:
+                    self.answers.append(answer)
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self.answers)
+
+    def since(self, start: int) -> list[Answer]:
+        """The answers recorded from index ``start`` on (a copy)."""
+        with self._lock:
+            return self.answers[start:]
+
+    def wait_until(self, what: str, done: Callable[[], bool], timeout: float) -> None:
+        """Polls ``done`` until it holds; AssertionError naming ``what`` and the last answers after ``timeout`` s."""
+        end = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > end:
+                tail = [(a.status, a.degraded, a.error[:200]) for a in self.since(max(self.count - 10, 0))]
+                raise AssertionError(f"{what}: not within {timeout} s; last answers {tail}")
+            time.sleep(0.05)
+
+
+def _answer(r: httpx.Response) -> Answer:
+    degraded = r.headers.get("X-Embedgate-Degraded")
+    if r.status_code == 200:
+        return Answer(200, degraded, predictions(r), "")
+    try:
+        error = str(r.json().get("error", r.text))
+    except ValueError:
+        error = r.text
+    return Answer(r.status_code, degraded, None, error)
