@@ -126,8 +126,22 @@ def main(argv: list[str] | None = None) -> int:
                 raw = tmp / f"spy-{b}.txt"
                 start = _cpu_s(pid)
                 spy_proc = subprocess.Popen(
-                    [str(spy), "record", "--format", "raw", "-o", str(raw), "-r", str(args.rate)]
-                    + ["-d", str(int(secs) + 1), "--subprocesses", "--nonblocking", "-p", str(pid)],
+                    [
+                        str(spy),
+                        "record",
+                        "--format",
+                        "raw",
+                        "-o",
+                        str(raw),
+                        "-r",
+                        str(args.rate),
+                        "-d",
+                        str(int(secs) + 1),
+                        "--subprocesses",
+                        "--nonblocking",
+                        "-p",
+                        str(pid),
+                    ],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )

@@ -144,20 +144,32 @@ _ROW = '{"user": 1, ' + _FULL + "}"
         '{"instances": [{"user": 1, "item": 7, "genres": [3], "tags": [], "age": -0.0, "ctx": [1.5e-45, 2., 3]}]}',
         '{"instances": [{"user": 1, "item": 7, "genres": [3], "tags": [], "age": 1e400, "ctx": [1, 2, 3]}]}',
         '{"instances": [{"user": 1, "item": 7, "genres": [3], "tags": [], "age": 1E+2, "ctx": [-1e-2, 2, 3]}]}',
-        '{"instances": [{"user": 1, "item": 7, "genres": [3], "tags": [], "age": 18446744073709551617, '
-        '"ctx": [99999999999999999999, -9223372036854775809, 3]}]}',
+        (
+            '{"instances": [{"user": 1, "item": 7, "genres": [3], "tags": [], "age": 18446744073709551617, '
+            '"ctx": [99999999999999999999, -9223372036854775809, 3]}]}'
+        ),
         '{"instances": [{"us\\u0065r": 1, ' + _FULL + "}]}",
         '{"instances": [{"user": [[1]], ' + _FULL + "}]}",
-        '{"instances": [{"ctx": [1, 2, 3], "age": 1, "tags": [], "genres_w": [0.5], "genres": [3], '
-        '"item_w": 2, "item": 7, "user": 1}]}',
-        '{"inputs": {"genres_w": [[0.5], []], "genres": [[3], []], "user": [1, 2], "item": [7, 8], '
-        '"tags": [[], [1]], "age": [1, 2], "ctx": [[1, 2, 3], [4, 5, 6]]}}',
-        '{"inputs": {"genres_w": [[0.5], [1]], "genres": [[3], []], "user": [1, 2], "item": [7, 8], '
-        '"tags": [[], [1]], "age": [1, 2], "ctx": [[1, 2, 3], [4, 5, 6]]}}',
-        '{"inputs": {"user": [1, 2], "item": [7], "genres": [[3], []], "tags": [[], [1]], "age": [1, 2], '
-        '"ctx": [[1, 2, 3], [4, 5, 6]]}}',
-        '{"inputs": {"user": [1], "user": [2], "item": [7], "genres": [[3]], "tags": [[]], "age": [1], '
-        '"ctx": [[1, 2, 3]]}}',
+        (
+            '{"instances": [{"ctx": [1, 2, 3], "age": 1, "tags": [], "genres_w": [0.5], "genres": [3], '
+            '"item_w": 2, "item": 7, "user": 1}]}'
+        ),
+        (
+            '{"inputs": {"genres_w": [[0.5], []], "genres": [[3], []], "user": [1, 2], "item": [7, 8], '
+            '"tags": [[], [1]], "age": [1, 2], "ctx": [[1, 2, 3], [4, 5, 6]]}}'
+        ),
+        (
+            '{"inputs": {"genres_w": [[0.5], [1]], "genres": [[3], []], "user": [1, 2], "item": [7, 8], '
+            '"tags": [[], [1]], "age": [1, 2], "ctx": [[1, 2, 3], [4, 5, 6]]}}'
+        ),
+        (
+            '{"inputs": {"user": [1, 2], "item": [7], "genres": [[3], []], "tags": [[], [1]], "age": [1, 2], '
+            '"ctx": [[1, 2, 3], [4, 5, 6]]}}'
+        ),
+        (
+            '{"inputs": {"user": [1], "user": [2], "item": [7], "genres": [[3]], "tags": [[]], "age": [1], '
+            '"ctx": [[1, 2, 3]]}}'
+        ),
         '{"inputs": [1, 2]}',
         '{"instances": {}}',
         '{"instances": []}',
