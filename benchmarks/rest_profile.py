@@ -31,7 +31,7 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("body receive (uvicorn/h11 + read_body)", "data_received"),
     ("body receive (uvicorn/h11 + read_body)", "receive (starlette"),
     ("parse: limits (parse_document: orjson, depth, surrogates, sizes)", "parse_document"),
-    ("parse: native one-pass features (rest_body)", "body_batch"),
+    ("parse: native one-pass body (rest_body.rs)", "rest_batch"),
     ("parse: native check_predict (serde tree)", "check_predict"),
     ("parse: features (native features.rs / reference)", "request_features"),
     ("parse: features (native features.rs / reference)", "batch_from_instances"),

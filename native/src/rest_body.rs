@@ -90,9 +90,76 @@ fn double(tok: &[u8], int: bool) -> Option<f64> {
             return Some(0.0);
         }
     }
+    if let Some(v) = exact_double(tok) {
+        return Some(v);
+    }
     // SAFETY: a number token holds ASCII digits, signs, '.', 'e' and 'E' only
     let v: f64 = unsafe { std::str::from_utf8_unchecked(tok) }.parse().ok()?;
     v.is_finite().then_some(v)
+}
+
+const POW10: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19,
+    1e20, 1e21, 1e22,
+];
+
+/// A decimal literal whose digits fit in 2^53 and whose power of ten is at most 22 either way (most sent values):
+/// both are exact doubles, so one IEEE division or multiplication is the correctly rounded value (Clinger's fast
+/// path), what `str::parse` and Python's `float()` give. None: the caller takes the general parser.
+#[inline]
+fn exact_double(tok: &[u8]) -> Option<f64> {
+    let (neg, rest) = match tok.first()? {
+        b'-' => (true, &tok[1..]),
+        _ => (false, tok),
+    };
+    let mut mantissa: u64 = 0;
+    let mut digits = 0usize;
+    let mut scale: i32 = 0;
+    let mut i = 0usize;
+    let mut frac = false;
+    while let Some(&c) = rest.get(i) {
+        match c {
+            b'0'..=b'9' => {
+                if mantissa != 0 || c != b'0' {
+                    digits += 1;
+                }
+                if digits > 15 {
+                    return None;
+                }
+                mantissa = mantissa * 10 + u64::from(c - b'0');
+                if frac {
+                    scale -= 1;
+                }
+            }
+            b'.' => frac = true,
+            _ => break,
+        }
+        i += 1;
+    }
+    if i < rest.len() {
+        // an exponent: e or E, an optional sign, digits
+        let exp = &rest[i + 1..];
+        let (eneg, edigits) = match exp.first()? {
+            b'-' => (true, &exp[1..]),
+            b'+' => (false, &exp[1..]),
+            _ => (false, exp),
+        };
+        if edigits.len() > 3 {
+            return None;
+        }
+        let mut e: i32 = 0;
+        for &d in edigits {
+            e = e * 10 + i32::from(d - b'0');
+        }
+        scale += if eneg { -e } else { e };
+    }
+    let m = mantissa as f64; // exact: at most 15 significant digits
+    let v = if scale < 0 {
+        m / *POW10.get(usize::try_from(-scale).ok()?)?
+    } else {
+        m * *POW10.get(usize::try_from(scale).ok()?)?
+    };
+    Some(if neg { -v } else { v })
 }
 
 impl<'a> Scanner<'a> {

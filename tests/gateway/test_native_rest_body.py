@@ -229,3 +229,35 @@ def test_a_batch_read_for_another_manifest_is_read_again() -> None:
     ref = _reference(body, LIMITS, other)
     assert not isinstance(ref, str)
     _same((batch, one[1].format), ref[1:])
+
+
+_LITERAL = st.builds(
+    lambda sign, whole, frac, exp: f"{sign}{whole}{frac}{exp}",
+    st.sampled_from(["", "-"]),
+    st.sampled_from(["0", "1", "9", "12345", "999999999999999", "1000000000000000", "9007199254740993"])
+    | st.integers(0, 10**16).map(str),
+    st.sampled_from(["", ".0", ".5", ".1", ".000001", ".30000000000000004"])
+    | st.integers(0, 10**17).map(lambda n: f".{n}"),
+    st.sampled_from(["", "e0", "e22", "e-22", "E+23", "e-23", "e308", "e-320", "e400"])
+    | st.integers(-30, 30).map(lambda n: f"e{n}"),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_LITERAL, min_size=4, max_size=4))
+def test_decimal_literals_narrow_as_the_reference(literals: list[str]) -> None:
+    """Dense values and weights written as decimal literals (the exact fast path and the general parser)."""
+    age, *ctx = literals
+    body = (
+        '{"instances": [{"user": 1, "item": 7, "genres": [3], "genres_w": [' + literals[0] + '], "tags": [], '
+        '"age": ' + age + ', "ctx": [' + ", ".join(ctx) + "]}]}"
+    )
+    _check(body.encode())
+
+
+def test_common_decimal_literals_are_answered_natively() -> None:
+    body = (
+        '{"instances": [{"user": 1, "item": 7, "genres": [3], "genres_w": [0.1], "tags": [], "age": -0.5e-3, '
+        '"ctx": [123.456, 1e22, 0.30000000000000004]}]}'
+    )
+    assert _check(body.encode())
