@@ -229,8 +229,14 @@ impl<'a> Scanner<'a> {
         Some(v)
     }
 
-    /// A JSON string: its bytes between the quotes when it has no escape, else its decoded text. None for invalid
-    /// JSON, invalid UTF-8, raw control characters and lone surrogates (what `parse_document` refuses).
+    /// A JSON string as text (UTF-8 checked): `signature_name`.
+    fn text(&mut self) -> Option<String> {
+        String::from_utf8(self.string()?.into_owned()).ok()
+    }
+
+    /// A JSON string: its bytes between the quotes when it has no escape, else its decoded bytes. None for invalid
+    /// JSON, raw control characters and lone surrogates (what `parse_document` refuses). The bytes are not checked
+    /// to be UTF-8 here: keys are only used when they equal a feature's name (UTF-8 text); `text` checks the rest.
     fn string(&mut self) -> Option<Cow<'a, [u8]>> {
         self.eat(b'"')?;
         let start = self.i;
@@ -239,7 +245,6 @@ impl<'a> Scanner<'a> {
                 b'"' => {
                     let s = &self.b[start..self.i];
                     self.i += 1;
-                    std::str::from_utf8(s).ok()?;
                     return Some(Cow::Borrowed(s));
                 }
                 b'\\' => break,
@@ -252,7 +257,6 @@ impl<'a> Scanner<'a> {
             match *self.b.get(self.i)? {
                 b'"' => {
                     self.i += 1;
-                    std::str::from_utf8(&out).ok()?;
                     return Some(Cow::Owned(out));
                 }
                 b'\\' => {
@@ -656,8 +660,7 @@ impl FeatureLayout {
                 s.eat(b':')?;
                 match &*key {
                     b"signature_name" if sig.is_none() => {
-                        let v = s.string()?;
-                        sig = Some(String::from_utf8(v.into_owned()).ok()?);
+                        sig = Some(s.text()?);
                     }
                     b"instances" if parsed.is_none() => parsed = Some(self.scan_rows(&mut s)?),
                     b"inputs" if parsed.is_none() => parsed = Some(self.scan_columns(&mut s)?),

@@ -261,3 +261,15 @@ def test_common_decimal_literals_are_answered_natively() -> None:
         '"ctx": [123.456, 1e22, 0.30000000000000004]}]}'
     )
     assert _check(body.encode())
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"instances": [' + _ROW.encode() + b'], "signature_name": "a\xffb"}',
+        b'{"instances": [{"us\xff": 1, ' + _FULL.encode() + b"}]}",
+        b'{"instances": [' + _ROW.encode() + b'], "signature_name": "\xed\xa0\x80"}',  # an encoded surrogate
+    ],
+)
+def test_invalid_utf8_is_left_to_the_reference(body: bytes) -> None:
+    assert not _check(body)
