@@ -20,6 +20,11 @@ For an embedding model's REST predict body it parses the features (:func:`reques
 ``gateway.features.batch_from_instances`` / ``batch_from_columns``) from the tree :func:`check_predict` kept, for
 rows and columns of integer ids and numbers; every other body returns None and the reference parses it (and words
 every error). ``tests/gateway/test_native_features.py`` checks the batches are the same bit for bit.
+
+The REST route first tries an embedding model's body in ONE pass over the raw bytes (:func:`rest_batch`,
+``native/src/rest_body.rs``): the limits of ``gateway.limits.parse_document``, ``signature_name`` and the features,
+no tree built; it declines what :func:`request_features` declines and any body ``parse_document`` would refuse, and
+the route then runs :func:`check_predict` or the reference. ``tests/gateway/test_native_rest_body.py`` checks it.
 """
 
 from __future__ import annotations
