@@ -7,6 +7,16 @@ process tree over the same run. Prints, per batch, the share of the samples that
 route (inclusive; a sample counts for the innermost stage it is in) and the largest Python functions (self time).
 
     python -m benchmarks.rest_profile [--batches 512,4096] [--seconds 4] [--rate 250]
+
+``--stages``: no servers; the REST parse of the same bodies timed in-process instead (process CPU time, rounds
+interleaving the variants; median µs per example over rounds, min to max): ``one_pass`` (what the route runs now
+for an embedding model: ``parse_predict_embedding`` + ``JsonInputs.features``), ``one_pass_columns`` (the same
+examples in the columnar form), ``check_then_features`` (the route before: ``check_predict``'s serde_json tree, then
+``request_features`` from it), ``worker_path`` (what a large body cost before, in one process: ``parse_document``
+then ``typed_features`` from the raw body, its batch pickled and unpickled) and ``reference``
+(``EMBEDGATE_NATIVE=off``: ``parse_document`` + ``batch_from_instances``).
+
+    python -m benchmarks.rest_profile --stages [--batches 512,4096] [--rounds 5] [--seconds 0.3]
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.loadgen import vegeta
@@ -83,6 +94,80 @@ def _summary(raw: Path, top: int) -> str:
     return "\n".join(lines)
 
 
+def _stage_fns(batch: int) -> dict[str, Callable[[], object]]:
+    import pickle
+
+    from benchmarks.request_cpu_bench import demo_like_manifest, instances
+    from gateway.core.requests import VersionSpec
+    from gateway.limits import parse_document
+    from gateway.routes.rest_codec import (
+        parse_predict,
+        parse_predict_embedding,
+        parse_predict_native,
+        typed_features,
+    )
+    from schemas.gateway_settings import LimitsSettings
+    from tests.support.native import native_mode
+
+    limits, m, spec = LimitsSettings(), demo_like_manifest(), VersionSpec()
+    rows = instances(batch)
+    body = json.dumps({"instances": rows}).encode()
+    cols = json.dumps({"inputs": {k: [r[k] for r in rows] for k in rows[0]}}).encode()
+
+    def one_pass(b: bytes = body) -> object:
+        with native_mode("auto"):
+            parsed = parse_predict_embedding("demo", spec, b, limits, m)
+            if parsed is None:
+                raise RuntimeError("the one pass declined the benchmark body")
+            return parsed[1].features(m)
+
+    def check_then_features() -> object:
+        with native_mode("auto"):
+            parsed = parse_predict_native("demo", spec, body, limits)
+            if parsed is None:
+                raise RuntimeError("check_predict declined the benchmark body")
+            return parsed[1].features(m)
+
+    def worker_path() -> object:
+        with native_mode("auto"):
+            parse_document(body, limits)
+            return pickle.loads(pickle.dumps(typed_features(body, m)))  # noqa: S301 (our own bytes: the IPC the parse workers do)
+
+    def reference() -> object:
+        with native_mode("off"):
+            return parse_predict("demo", spec, parse_document(body, limits), body)[1].features(m)
+
+    return {
+        "one_pass": one_pass,
+        "one_pass_columns": lambda: one_pass(cols),
+        "check_then_features": check_then_features,
+        "worker_path": worker_path,
+        "reference": reference,
+    }
+
+
+def stages(batches: list[int], rounds: int, seconds: float) -> str:
+    """The ``--stages`` table (markdown)."""
+    import statistics
+    import time
+
+    lines = ["| batch | variant | µs per example |", "|---|---|---|"]
+    for b in batches:
+        fns = _stage_fns(b)
+        got: dict[str, list[float]] = {n: [] for n in fns}
+        for r in range(rounds):
+            names = list(fns)[r % len(fns) :] + list(fns)[: r % len(fns)]
+            for n in names:
+                t0, k = time.process_time(), 0
+                while time.process_time() - t0 < seconds:
+                    fns[n]()
+                    k += 1
+                got[n].append((time.process_time() - t0) / k / b * 1e6)
+        for n, xs in got.items():
+            lines.append(f"| {b} | {n} | {statistics.median(xs):.2f} ({min(xs):.2f} to {max(xs):.2f}) |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     import yaml
 
@@ -99,7 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--stages", action="store_true", help="in-process parse variants only (no servers)")
+    p.add_argument("--rounds", type=int, default=5, help="--stages: rounds")
     args = p.parse_args(argv)
+    if args.stages:
+        secs_stage = args.seconds if args.seconds < 4.0 else 0.3
+        print(stages(args.batches, max(1, min(args.rounds, 10)), min(secs_stage, 5.0)))
+        return 0
     secs = min(args.seconds, 30.0)
     spy = Path(sys.executable).with_name("py-spy")
     with tempfile.TemporaryDirectory(prefix="restprofile-") as tmp_s:
