@@ -275,3 +275,17 @@ def test_invalid_utf8_is_left_to_the_reference(body: bytes) -> None:
     """The reference reads invalid UTF-8 with replacement characters (as rapidjson): the one pass declines."""
     with native_mode("auto"):
         assert native.rest_batch(body, MANIFEST, LIMITS) is None
+
+
+def _corpus() -> list[bytes]:
+    """The REST fuzz corpus: TF Serving's own JSON tensor cases and errors, the native codec's corpus."""
+    from tests.gateway.codec.test_tfs_json_tensor_cases import ERRORS, REQUESTS
+    from tests.gateway.test_native_codec import CORPUS
+
+    return [r[1].encode() for r in (*REQUESTS, *ERRORS)] + [c[0].encode() for c in CORPUS]
+
+
+def test_the_fuzz_corpus_is_declined_or_agrees() -> None:
+    """None of these bodies fits the manifest: the one pass must decline every one (the reference words them)."""
+    for body in _corpus():
+        assert not _check(body), body
