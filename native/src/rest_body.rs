@@ -49,30 +49,6 @@ fn is_ws(c: u8) -> bool {
     matches!(c, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-/// An integer literal as the reference's int64 id (`-0` is 0); None beyond int64.
-#[inline]
-fn int64(tok: &[u8]) -> Option<i64> {
-    let (neg, digits) = match tok.first()? {
-        b'-' => (true, &tok[1..]),
-        _ => (false, tok),
-    };
-    if digits.len() > 19 {
-        return None;
-    }
-    let mut v: u64 = 0;
-    for &d in digits {
-        v = v * 10 + u64::from(d - b'0');
-    }
-    if neg {
-        if v > 1u64 << 63 {
-            return None;
-        }
-        Some((v as i64).wrapping_neg())
-    } else {
-        i64::try_from(v).ok()
-    }
-}
-
 /// A number literal as the reference's double: Python's `float()` of the int or of the decimal literal (correctly
 /// rounded, integer literals of any length too; the integer literal `-0` is the int 0, so +0.0). None for values
 /// that overflow a double (the reference decides those).
@@ -351,17 +327,109 @@ impl<'a> Scanner<'a> {
         Some((&b[start..i], int))
     }
 
+    /// An id: an integer literal within int64, read in one go (what `int64(number())` gives, without the second
+    /// pass over the digits); None for anything else.
     #[inline]
     fn id(&mut self) -> Option<i64> {
-        let (tok, int) = self.number()?;
-        if !int {
-            return None;
+        self.peek()?;
+        let b = self.b;
+        let mut i = self.i;
+        let neg = b[i] == b'-';
+        if neg {
+            i += 1;
         }
-        int64(tok)
+        let start = i;
+        let mut v: u64 = 0;
+        while let Some(&c) = b.get(i) {
+            if !c.is_ascii_digit() {
+                break;
+            }
+            v = v.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+            i += 1;
+        }
+        let n = i - start;
+        if n == 0 || (n > 1 && b[start] == b'0') || matches!(b.get(i), Some(b'.' | b'e' | b'E')) {
+            return None; // not an integer literal of strict JSON (or a fraction / exponent: left to the reference)
+        }
+        self.i = i;
+        if neg {
+            if v > 1u64 << 63 {
+                return None;
+            }
+            Some((v as i64).wrapping_neg())
+        } else {
+            i64::try_from(v).ok()
+        }
     }
 
+    /// A number as the reference's double narrowed to float32: plain decimals of at most 15 significant digits
+    /// without an exponent are read in one go (`exact_double`'s fast path); the rest through `number` + `double`.
     #[inline]
     fn float32(&mut self) -> Option<f32> {
+        self.peek()?;
+        let b = self.b;
+        let start = self.i;
+        let mut i = start;
+        let neg = b[i] == b'-';
+        if neg {
+            i += 1;
+        }
+        let int_start = i;
+        let mut mantissa: u64 = 0;
+        let mut digits = 0u32;
+        while let Some(&c) = b.get(i) {
+            if !c.is_ascii_digit() {
+                break;
+            }
+            mantissa = mantissa * 10 + u64::from(c - b'0');
+            if mantissa != 0 {
+                digits += 1;
+            }
+            i += 1;
+            if digits > 15 {
+                return self.float32_slow();
+            }
+        }
+        let int_len = i - int_start;
+        if int_len == 0 || (int_len > 1 && b[int_start] == b'0') {
+            return None;
+        }
+        let mut scale = 0usize;
+        if b.get(i) == Some(&b'.') {
+            i += 1;
+            let frac_start = i;
+            while let Some(&c) = b.get(i) {
+                if !c.is_ascii_digit() {
+                    break;
+                }
+                mantissa = mantissa * 10 + u64::from(c - b'0');
+                if mantissa != 0 {
+                    digits += 1;
+                }
+                i += 1;
+                if digits > 15 || i - frac_start > 22 {
+                    return self.float32_slow();
+                }
+            }
+            scale = i - frac_start;
+            if scale == 0 {
+                return None;
+            }
+        } else if !neg || mantissa != 0 {
+            // an integer literal (`-0` is the int 0 on the reference: the slow path reads it)
+        } else {
+            return self.float32_slow();
+        }
+        if matches!(b.get(i), Some(b'e' | b'E')) {
+            return self.float32_slow();
+        }
+        self.i = i;
+        let v = mantissa as f64 / POW10[scale]; // both exact: one correctly rounded division
+        Some((if neg { -v } else { v }) as f32)
+    }
+
+    #[cold]
+    fn float32_slow(&mut self) -> Option<f32> {
         let (tok, int) = self.number()?;
         Some(double(tok, int)? as f32)
     }
