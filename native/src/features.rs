@@ -73,7 +73,12 @@ impl FeatureLayout {
         let mut names: Vec<&[u8]> = keys.iter().map(|(n, _)| n.as_slice()).collect();
         names.sort_unstable();
         let ambiguous = names.windows(2).any(|w| w[0] == w[1]);
-        FeatureLayout { sparse, dense, keys, ambiguous }
+        FeatureLayout {
+            sparse,
+            dense,
+            keys,
+            ambiguous,
+        }
     }
 }
 
@@ -87,7 +92,10 @@ impl FeatureLayout {
                 return Some((*role, hint));
             }
         }
-        let at = self.keys.iter().position(|(name, _)| name.as_slice() == key)?;
+        let at = self
+            .keys
+            .iter()
+            .position(|(name, _)| name.as_slice() == key)?;
         Some((self.keys[at].1, at))
     }
 }

@@ -75,8 +75,8 @@ fn double(tok: &[u8], int: bool) -> Option<f64> {
 }
 
 const POW10: [f64; 23] = [
-    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19,
-    1e20, 1e21, 1e22,
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
 ];
 
 /// A decimal literal whose digits fit in 2^53 and whose power of ten is at most 22 either way (most sent values):
@@ -436,7 +436,13 @@ impl<'a> Scanner<'a> {
 
     /// One example's ids at `depth` (a list opens `depth + 1`): an id or a one-element list for a single feature,
     /// a list of at most the feature's `max_ids` for a multi one; every list within `limits.max_ids_per_feature`.
-    fn ids(&mut self, multi: bool, feature_max: Option<usize>, depth: usize, out: &mut Vec<i64>) -> Option<usize> {
+    fn ids(
+        &mut self,
+        multi: bool,
+        feature_max: Option<usize>,
+        depth: usize,
+        out: &mut Vec<i64>,
+    ) -> Option<usize> {
         if self.peek()? != b'[' {
             if multi {
                 return None;
@@ -549,12 +555,20 @@ impl FeatureLayout {
             return None;
         }
         let filled = out.ids.len() - n; // ids before this example
-        out.weights.get_or_insert_with(|| vec![1.0; filled]).extend_from_slice(&w.values);
+        out.weights
+            .get_or_insert_with(|| vec![1.0; filled])
+            .extend_from_slice(&w.values);
         Some(())
     }
 
     /// One row object (depth 3): every ids and dense feature once, weights optional, nothing else.
-    fn row(&self, s: &mut Scanner<'_>, st: &mut RowState, sparse: &mut [SparseOut], dense: &mut [Vec<f32>]) -> Option<()> {
+    fn row(
+        &self,
+        s: &mut Scanner<'_>,
+        st: &mut RowState,
+        sparse: &mut [SparseOut],
+        dense: &mut [Vec<f32>],
+    ) -> Option<()> {
         s.open(b'{', 3)?;
         st.ids_seen.iter_mut().for_each(|x| *x = None);
         st.dense_seen.iter_mut().for_each(|x| *x = false);
@@ -632,7 +646,12 @@ impl FeatureLayout {
                 break;
             }
         }
-        Some(Parsed { row: true, size, sparse, dense })
+        Some(Parsed {
+            row: true,
+            size,
+            sparse,
+            dense,
+        })
     }
 
     /// `inputs` (depth 2): an object of columns (depth 3), one per ids and dense feature, weights optional, each
@@ -710,7 +729,12 @@ impl FeatureLayout {
             }
             out.weights = Some(w.values.clone());
         }
-        Some(Parsed { row: false, size, sparse, dense })
+        Some(Parsed {
+            row: false,
+            size,
+            sparse,
+            dense,
+        })
     }
 
     /// Pure: the signature name and the features of a raw predict body in one pass, or None (see the module docs).
@@ -757,7 +781,11 @@ fn rest_features<'py>(
     max_instances: usize,
     max_ids: usize,
 ) -> PyResult<Option<(String, Arrays<'py>)>> {
-    let lim = Limits { max_depth, max_instances, max_ids };
+    let lim = Limits {
+        max_depth,
+        max_instances,
+        max_ids,
+    };
     let Some((sig, parsed)) = py.allow_threads(|| layout.scan(body, lim)) else {
         return Ok(None);
     };
