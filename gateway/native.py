@@ -20,6 +20,11 @@ For an embedding model's REST predict body it parses the features (:func:`reques
 ``gateway.features.batch_from_instances`` / ``batch_from_columns``) from the tree :func:`check_predict` kept, for
 rows and columns of integer ids and numbers; every other body returns None and the reference parses it (and words
 every error). ``tests/gateway/test_native_features.py`` checks the batches are the same bit for bit.
+
+The REST route first tries an embedding model's body in ONE pass over the raw bytes (:func:`rest_batch`,
+``native/src/rest_body.rs``): the limits of ``gateway.limits.parse_document``, ``signature_name`` and the features,
+no tree built; it declines what :func:`request_features` declines and any body ``parse_document`` would refuse, and
+the route then runs :func:`check_predict` or the reference. ``tests/gateway/test_native_rest_body.py`` checks it.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ __all__ = [
     "predict_tensors",
     "regress_response",
     "request_features",
+    "rest_batch",
     "slot_index",
 ]
 
@@ -294,6 +300,40 @@ def request_features(source: CheckedBody | bytes, manifest: Manifest) -> tuple[F
         done = mod.checked_features(source, layout)
     if done is None:
         return None
+    return _feature_batch(done, manifest)
+
+
+def rest_batch(
+    body: bytes, manifest: Manifest, limits: LimitsSettings
+) -> tuple[str, FeatureBatch, Format] | None:
+    """An embedding model's REST predict ``body`` in ONE native pass (``native/src/rest_body.rs``): its
+    ``signature_name`` ("" when absent), its feature batch for ``manifest`` and its format, parsed from the bytes
+    straight into the batch's arrays while the limits are checked (strict JSON, no lone surrogates, ``limits``'
+    depth, batch and per-example list sizes: what ``gateway.limits.parse_document`` checks). None when the native
+    path is off or leaves the body to the reference (every error, and what :func:`request_features` declines);
+    the caller then runs ``parse_document`` and the reference, which word every error. The batch equals
+    ``batch_from_instances`` / ``batch_from_columns`` of the parsed body (``map_lookups`` included)."""
+    mod = _module()
+    if mod is None or path() != "native" or not hasattr(mod, "rest_features"):
+        return None
+    layout = _feature_layout(mod, manifest)
+    if layout is None:
+        return None
+    done = mod.rest_features(
+        body, layout, limits.max_json_depth, limits.max_instances, limits.max_ids_per_feature
+    )
+    if done is None:
+        return None
+    sig, arrays = done
+    batch, fmt = _feature_batch(arrays, manifest)
+    return sig, batch, fmt
+
+
+def _feature_batch(
+    done: tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]],
+    manifest: Manifest,
+) -> tuple[FeatureBatch, Format]:
+    """The native parser's arrays as the reference's ``FeatureBatch`` (lookup layers mapped) and format."""
     from gateway.features import FeatureBatch, SparseInput, map_lookups
 
     row, size, sparse_arrays, dense_arrays = done

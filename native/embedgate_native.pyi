@@ -52,3 +52,11 @@ def checked_features(
 def body_features(
     body: bytes, layout: FeatureLayout
 ) -> tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]] | None: ...
+
+# native/src/rest_body.rs: an embedding model's REST body in one pass (limits + signature_name + features)
+def rest_features(
+    body: bytes, layout: FeatureLayout, max_depth: int, max_instances: int, max_ids: int
+) -> (
+    tuple[str, tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]]]
+    | None
+): ...
