@@ -51,6 +51,7 @@ __all__ = [
     "check_predict",
     "checked_tensors",
     "classify_response",
+    "entry_request",
     "path",
     "plan_lookups",
     "pool_feature",
@@ -304,3 +305,27 @@ def request_features(source: CheckedBody | bytes, manifest: Manifest) -> tuple[F
     dense = dict(zip((d.name for d in manifest.dense_features), dense_arrays, strict=True))
     batch = FeatureBatch(size=size, sparse=sparse, dense=dense)
     return map_lookups(batch, manifest), Format.ROW if row else Format.COLUMNAR
+
+
+# ---- the entry's PredictRequest bytes in one pass (native/src/entry.rs; reference schemas.wire) ---------------------
+
+
+def entry_request(
+    head: bytes, inputs: Sequence[tuple[str, int, Sequence[int], Sequence[np.ndarray]]]
+) -> bytes | None:
+    """A serialized ``PredictRequest`` written natively in one pass, or None when the native path is off (or the module
+    is a build without the writer).
+
+    ``head``: the serialized request's ``model_spec`` field; ``inputs``: per input, its name, ``DataType`` number,
+    shape and the parts of its ``tensor_content`` (C-contiguous little-endian arrays whose bytes are joined in order,
+    e.g. a table's rows as each PS shard answered them). The bytes equal ``schemas.wire.predict_request_for`` of the
+    joined arrays; each part is copied once, without the GIL."""
+    mod = _module()
+    if mod is None or path() != "native" or not hasattr(mod, "entry_request"):
+        return None
+    args = [
+        (name, dtype, list(shape), [np.frombuffer(np.ascontiguousarray(p), np.uint8) for p in parts])
+        for name, dtype, shape, parts in inputs
+    ]
+    wire: bytes = mod.entry_request(head, args)
+    return wire

@@ -52,3 +52,6 @@ def checked_features(
 def body_features(
     body: bytes, layout: FeatureLayout
 ) -> tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]] | None: ...
+
+# native/src/entry.rs: the entry's serialized PredictRequest in one pass
+def entry_request(head: bytes, inputs: list[tuple[str, int, list[int], list[np.ndarray]]]) -> bytes: ...

@@ -15,6 +15,7 @@ mod response;
 mod plan;
 mod pool;
 mod features;
+mod entry;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -414,5 +415,6 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     plan::register(m)?;
     pool::register(m)?;
     features::register(m)?;
+    entry::register(m)?;
     Ok(())
 }
