@@ -53,6 +53,7 @@ __all__ = [
     "classify_response",
     "entry_request",
     "path",
+    "plain_predict_request",
     "plan_lookups",
     "pool_feature",
     "predict_response",
@@ -329,3 +330,15 @@ def entry_request(
     ]
     wire: bytes = mod.entry_request(head, args)
     return wire
+
+
+def plain_predict_request(raw: bytes) -> bool:
+    """Whether the serialized ``PredictRequest`` ``raw`` is *plain* (native/src/scan.rs, scanned without the GIL):
+    only the model spec, output filter and input tensors of numeric dtypes (shape, ``tensor_content`` or packed
+    values), well-formed, so that protobuf parses it in a few allocations and copies. False when the native path is
+    off (or the module is a build without the scan): the caller then treats the message as not plain."""
+    mod = _module()
+    if mod is None or path() != "native" or not hasattr(mod, "plain_predict_request"):
+        return False
+    plain: bool = mod.plain_predict_request(raw)
+    return plain

@@ -55,3 +55,6 @@ def body_features(
 
 # native/src/entry.rs: the entry's serialized PredictRequest in one pass
 def entry_request(head: bytes, inputs: list[tuple[str, int, list[int], list[np.ndarray]]]) -> bytes: ...
+
+# native/src/scan.rs: is a serialized PredictRequest plain (parsed in a few copies)?
+def plain_predict_request(raw: bytes) -> bool: ...

@@ -16,6 +16,7 @@ mod plan;
 mod pool;
 mod features;
 mod entry;
+mod scan;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -416,5 +417,6 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::register(m)?;
     features::register(m)?;
     entry::register(m)?;
+    scan::register(m)?;
     Ok(())
 }
