@@ -96,12 +96,16 @@ pub fn entry_request<'py>(
     let mut total = head.len();
     for (name, dtype, shape, parts) in &inputs {
         if shape.iter().any(|&d| d < 0) {
-            return Err(PyValueError::new_err(format!("input {name:?}: negative dimension in {shape:?}")));
+            return Err(PyValueError::new_err(format!(
+                "input {name:?}: negative dimension in {shape:?}"
+            )));
         }
         let mut slices = Vec::with_capacity(parts.len());
         for p in parts {
             if !p.is_contiguous() {
-                return Err(PyValueError::new_err(format!("input {name:?}: a part is not contiguous")));
+                return Err(PyValueError::new_err(format!(
+                    "input {name:?}: a part is not contiguous"
+                )));
             }
             slices.push(p.as_slice()?);
         }
@@ -153,7 +157,9 @@ mod tests {
     #[test]
     fn framing_of_an_empty_tensor_has_no_content_field() {
         let f = framing("x", 1, &[0, 2], 0);
-        let want: Vec<u8> = vec![0x12, 15, 0x0a, 1, b'x', 0x12, 10, 0x08, 1, 0x12, 6, 0x12, 0, 0x12, 2, 0x08, 2];
+        let want: Vec<u8> = vec![
+            0x12, 15, 0x0a, 1, b'x', 0x12, 10, 0x08, 1, 0x12, 6, 0x12, 0, 0x12, 2, 0x08, 2,
+        ];
         assert_eq!(f, want);
     }
 }

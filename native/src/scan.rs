@@ -269,13 +269,20 @@ mod tests {
     #[test]
     fn truncated_and_unknown_fields_are_not_plain() {
         // inputs { key: "x" value { dtype: 1 tensor_content: "abcd" } }
-        let msg = [0x12, 11, 0x0a, 1, b'x', 0x12, 6, 0x08, 1, 0x22, 2, b'a', b'b'];
+        let msg = [
+            0x12, 11, 0x0a, 1, b'x', 0x12, 6, 0x08, 1, 0x22, 2, b'a', b'b',
+        ];
         assert!(plain(&msg).is_some());
         assert!(plain(&msg[..msg.len() - 1]).is_none());
         assert!(plain(&[0x20, 1]).is_none()); // field 4, varint: not a PredictRequest field we call plain
         assert!(plain(&[]).is_some());
         FIELDS.with(|c| c.set(0));
-        let many: Vec<u8> = [0x12, 0].iter().copied().cycle().take(2 * (MAX_FIELDS + 1)).collect();
+        let many: Vec<u8> = [0x12, 0]
+            .iter()
+            .copied()
+            .cycle()
+            .take(2 * (MAX_FIELDS + 1))
+            .collect();
         assert!(plain(&many).is_none()); // more fields than the budget
         FIELDS.with(|c| c.set(0));
         assert!(plain(&many[..2 * 1000]).is_some()); // 1000 empty inputs entries
