@@ -6,9 +6,15 @@
   verdict on a message protobuf refuses would let it be parsed on the gateway's own thread unchecked first).
 * String tensors, unknown fields, truncated messages and too many fields are not plain; with the native path off
   nothing is.
+* The gRPC front's parse of large messages: with the native path only messages that are not plain (string
+  tensors, Classify/Regress) go to the parse worker; with it off every one does.
 """
 
 from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -91,3 +97,56 @@ def test_strings_unknown_fields_truncation_and_field_count_are_not_plain() -> No
         assert not native.plain_predict_request(many.SerializeToString())
     with pytest.raises(DecodeError):
         tfs_pb2.PredictRequest.FromString(raw[:-1])
+
+
+class _Pool:
+    """A stand-in parse worker pool recording what it is asked to check (runs the check in process)."""
+
+    def __init__(self) -> None:
+        self.checked: list[int] = []
+
+    async def acall(self, fn: Any, *args: Any) -> Any:
+        self.checked.append(len(args[1]))
+        return fn(*args)
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_only_messages_that_are_not_plain_go_to_the_parse_worker(mode: str) -> None:
+    """The gRPC front's parse (``_Servicer._parse``) of large messages: with the native path a plain PredictRequest
+    is parsed in process only; a string tensor, a Regress request and every message with the native path off are
+    checked by the worker first. Either way the same message comes out."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.grpc_front.servicer import _Servicer
+    from gateway.limits import request_scope
+    from schemas.gateway_settings import LimitsSettings
+
+    limits = LimitsSettings(offload_bytes=0)
+    rt = SimpleNamespace(settings=SimpleNamespace(limits=limits, max_body_bytes=1 << 26))
+    servicer = _Servicer(rt, None)  # type: ignore[arg-type]
+    plain = tfs_pb2.PredictRequest()
+    plain.inputs["x"].CopyFrom(from_ndarray(np.arange(40_000, dtype=np.int64)))
+    strings = tfs_pb2.PredictRequest()
+    strings.inputs["q"].CopyFrom(from_ndarray(np.array([b"a"] * 10, dtype=object)))
+    regress = tfs_pb2.RegressionRequest()
+    regress.model_spec.name = "m"
+    messages: list[tuple[type[Any], bytes]] = [
+        (tfs_pb2.PredictRequest, plain.SerializeToString()),
+        (tfs_pb2.PredictRequest, strings.SerializeToString()),
+        (tfs_pb2.RegressionRequest, regress.SerializeToString()),
+    ]
+    pool = _Pool()
+
+    async def parse_all() -> list[Any]:
+        out = []
+        with ThreadPoolExecutor(1) as executor:
+            for kind, raw in messages:
+                with request_scope(limits, executor, len(raw), pool):  # type: ignore[arg-type]
+                    out.append((await servicer._parse(kind, raw)).message)
+        return out
+
+    with native_mode(mode):
+        parsed = asyncio.run(parse_all())
+    assert [m.SerializeToString() for m in parsed] == [raw for _, raw in messages]
+    sizes = [len(raw) for _, raw in messages]
+    assert pool.checked == (sizes[1:] if mode == "auto" else sizes)
