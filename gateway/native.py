@@ -20,6 +20,11 @@ For an embedding model's REST predict body it parses the features (:func:`reques
 ``gateway.features.batch_from_instances`` / ``batch_from_columns``) from the tree :func:`check_predict` kept, for
 rows and columns of integer ids and numbers; every other body returns None and the reference parses it (and words
 every error). ``tests/gateway/test_native_features.py`` checks the batches are the same bit for bit.
+
+It writes the entry's serialized ``PredictRequest`` in one pass (:func:`entry_request`; reference
+``schemas.wire.predict_request_for`` of ``gateway.embedding.entry_inputs``, same bytes:
+``tests/gateway/test_native_entry.py``) and tells the gRPC front which large PredictRequests are plain enough to
+parse in process without the parse worker's check (:func:`plain_predict_request`; ``tests/gateway/test_native_scan.py``).
 """
 
 from __future__ import annotations
