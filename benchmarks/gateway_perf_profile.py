@@ -9,9 +9,10 @@ stages.
     python -m benchmarks.gateway_perf_profile [--batches 64,512,4096] [--seconds 4] [--fronts grpc,rest]
                                               [--profiler perf|py-spy] [--env EMBEDGATE_NATIVE=off]
 
-``--profiler py-spy`` samples the gateway's Python stacks instead (``py-spy record``, from the venv; idle threads left out) and
-prints each frame's self and inclusive share of the samples (threads summed), so the Python frames ``perf`` shows
-as ``libpython`` get names.
+``--profiler py-spy`` samples the gateway's Python stacks instead (``py-spy record``, from the venv) and prints each
+frame's self and inclusive share of the samples (threads summed), so the Python frames ``perf`` shows as
+``libpython`` get names. py-spy does not always tell a waiting thread from a running one: frames that wait
+(``select``, ``Condition.wait``, the executor's ``_worker`` queue get) are idle time, not CPU.
 """
 
 from __future__ import annotations
