@@ -16,6 +16,8 @@ mod plan;
 mod pool;
 mod features;
 mod rest_body;
+mod entry;
+mod scan;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -416,5 +418,7 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::register(m)?;
     features::register(m)?;
     rest_body::register(m)?;
+    entry::register(m)?;
+    scan::register(m)?;
     Ok(())
 }
