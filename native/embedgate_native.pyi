@@ -60,6 +60,7 @@ def rest_features(
     tuple[str, tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]]]
     | None
 ): ...
+
 # native/src/entry.rs: the entry's serialized PredictRequest in one pass
 def entry_request(head: bytes, inputs: list[tuple[str, int, list[int], list[np.ndarray]]]) -> bytes: ...
 
