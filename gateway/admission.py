@@ -11,7 +11,9 @@ in milliseconds and an admitted one is served at the unloaded speed.
   minimum round trip ``min_rtt`` (the median of ``admission.min_rtt_samples`` round trips of requests admitted while the
   limit is held at ``min_limit``; again every ``min_rtt_interval_s`` when the limit was reached meanwhile), then once per window of ``sample_window_s`` holding ``min_samples`` round trips sets
   ``limit = limit x gradient + sqrt(limit)`` with ``gradient = min_rtt x (1 + rtt_tolerance) / median round trip``,
-  the gradient clamped to [0.5, 2] and the limit to [``min_limit``, ``max_in_flight``]. A round trip runs from
+  the gradient clamped to [0.5, 2] and the limit to [``floor_limit``, ``max_in_flight``] (the floor: under CPU
+  contention, e.g. while refusing a flood, every round trip grows and the gradient alone would hold the limit below
+  the concurrency the backends need to serve at capacity, refusing good work). A round trip runs from
   admission to the answer; only requests answered OK are samples. With ``adaptive: false`` the limit is
   ``max_in_flight``.
 * :class:`Admission` (one event loop, not thread-safe): admits while fewer than ``limit`` are in flight; otherwise a
@@ -80,6 +82,7 @@ class GradientLimit:
         self._clock = clock
         self._s = settings if settings is not None and settings.adaptive else None
         self.min_limit = min(self._s.min_limit, max_limit) if self._s is not None else max_limit
+        self.floor = min(max(self._s.floor_limit, self.min_limit), max_limit) if self._s is not None else max_limit
         self._limit = float(max_limit)
         self._resume = float(max_limit)  # the limit to go back to after a measurement
         self._samples: list[float] = []
@@ -159,7 +162,7 @@ class GradientLimit:
         target = self.min_rtt * (1.0 + self._s.rtt_tolerance)
         gradient = _MAX_GRADIENT if rtt <= 0 else min(_MAX_GRADIENT, max(_MIN_GRADIENT, target / rtt))
         new = limit * gradient + math.sqrt(limit)
-        return min(float(self.max_limit), max(float(self.min_limit), new))
+        return min(float(self.max_limit), max(float(self.floor), new))
 
 
 class Admission:

@@ -28,6 +28,7 @@ class Clock:
 def _settings(**kw: object) -> AdmissionSettings:
     base: dict[str, object] = {
         "min_limit": 2,
+        "floor_limit": 2,  # the gradient rule alone (the floor has its own test)
         "sample_window_s": 1.0,
         "min_samples": 4,
         "rtt_tolerance": 0.5,
@@ -182,6 +183,33 @@ def test_limit_is_measured_again_after_the_interval_when_it_was_reached() -> Non
 def test_min_limit_is_capped_by_max_in_flight() -> None:
     lim = GradientLimit(1, _settings(min_limit=4))
     assert lim.min_limit == 1 and lim.limit == 1
+
+
+def test_contention_never_takes_the_limit_below_the_floor() -> None:
+    """Round trips far above the minimum in every window (the CPU shared with a flood being refused): the limit
+    halves window after window, but stops at ``floor_limit``; min_rtt is still measured at ``min_limit``."""
+    clock = Clock()
+    lim = _measured(clock, rtt=0.01, floor_limit=24)
+    assert lim.floor == 24
+    for _ in range(20):
+        for _ in range(4):
+            _round_trip(lim, clock, 1.0)  # 100x the minimum round trip
+        clock.now += 1.0
+    assert lim.limit == 24
+    assert lim.next_limit(30.0, 10.0) == 24  # 15 + sqrt(30) = 20.5, held at the floor
+    assert lim.next_limit(100.0, 10.0) == pytest.approx(50 + 10)  # above the floor the rule is unchanged
+    assert GradientLimit(100, _settings(floor_limit=24)).phase is Phase.UNMEASURED
+    _contend(lim)  # measured again later: held at min_limit (not the floor) while measuring
+    clock.now += 200.0
+    for _ in range(4):
+        _round_trip(lim, clock, 1.0)
+    assert lim.phase is Phase.MEASURING and lim.limit == 2
+
+
+def test_floor_is_between_min_limit_and_max_in_flight() -> None:
+    assert GradientLimit(100, _settings(min_limit=8, floor_limit=3)).floor == 8
+    assert GradientLimit(16, _settings(floor_limit=32)).floor == 16
+    assert GradientLimit(100, AdmissionSettings()).floor == 32  # the default
 
 
 # ---- the queue (one real event loop; outcomes only, no timing assertions) ---------------------------------------------
