@@ -82,7 +82,9 @@ class GradientLimit:
         self._clock = clock
         self._s = settings if settings is not None and settings.adaptive else None
         self.min_limit = min(self._s.min_limit, max_limit) if self._s is not None else max_limit
-        self.floor = min(max(self._s.floor_limit, self.min_limit), max_limit) if self._s is not None else max_limit
+        self.floor = (
+            min(max(self._s.floor_limit, self.min_limit), max_limit) if self._s is not None else max_limit
+        )
         self._limit = float(max_limit)
         self._resume = float(max_limit)  # the limit to go back to after a measurement
         self._samples: list[float] = []
@@ -114,6 +116,14 @@ class GradientLimit:
         self._contended = True
         if self.phase is Phase.UNMEASURED:
             self._measure(self._clock())
+
+    def mark_contended(self) -> bool:
+        """:meth:`note_contention` for a caller on another thread: notes the contention (one flag, written under the
+        interpreter lock) and says whether :meth:`note_contention` must still run on the owner's loop (True before
+        the first measurement, which only that loop may start). A refusal from another thread so costs no wake-up of
+        the owner's loop (it did on each refusal: a cross-thread call per refused gRPC call under a flood)."""
+        self._contended = True
+        return self.phase is Phase.UNMEASURED
 
     def release(self, admitted_at: float | None) -> None:
         """Give a slot back; ``admitted_at`` (the clock when it was taken) makes its round trip a sample."""
@@ -246,7 +256,8 @@ class Admission:
         reason = self._reason()
         if reason is None:
             return None
-        loop.call_soon_threadsafe(self.policy.note_contention)
+        if self.policy.mark_contended():  # only the first contention needs the loop (it starts a measurement)
+            loop.call_soon_threadsafe(self.policy.note_contention)
         return self._shed(reason)
 
     def _reason(self) -> str | None:

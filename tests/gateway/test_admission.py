@@ -357,3 +357,31 @@ async def test_a_late_event_loop_sheds_new_requests_after_three_late_measurement
         with pytest.raises(asyncio.CancelledError):
             await watcher
     assert (metrics.registry.get_sample_value("embedgate_admission_loop_lag_seconds") or 0) >= 0.1
+
+
+class _ThreadsafeLoop:
+    """The one method of an event loop :meth:`Admission.refusal_from_thread` uses: records what it schedules."""
+
+    def __init__(self) -> None:
+        self.scheduled: list[object] = []
+
+    def call_soon_threadsafe(self, fn: object) -> None:
+        self.scheduled.append(fn)
+
+
+def test_refusals_from_another_thread_wake_the_loop_only_to_start_the_first_measurement() -> None:
+    metrics, clock, loop = Metrics(), Clock(), _ThreadsafeLoop()
+    adm = Admission(2, 429, 1, _settings(max_queue=0), metrics, clock)
+    assert adm.refusal_from_thread(loop) is None  # type: ignore[arg-type]  # room: nothing refused or scheduled
+    adm.acquire()
+    adm.acquire()
+    assert isinstance(adm.refusal_from_thread(loop), ResourceExhausted)  # type: ignore[arg-type]
+    assert len(loop.scheduled) == 1 and adm.policy.phase is Phase.UNMEASURED
+    fn = loop.scheduled[0]
+    assert callable(fn)
+    fn()  # the owner's loop runs it: the first measurement starts there
+    assert adm.policy.phase is Phase.MEASURING
+    for _ in range(10):
+        assert isinstance(adm.refusal_from_thread(loop), ResourceExhausted)  # type: ignore[arg-type]
+    assert len(loop.scheduled) == 1  # later refusals only mark the contention, with no wake-up
+    assert adm.policy._contended and _shed(metrics, "queue_full") == 11
