@@ -161,6 +161,14 @@ class AdmissionSettings(_Strict):
     min_rtt_samples: int = Field(
         24, ge=1, description="round trips at min_limit whose median is the minimum round trip"
     )
+    max_measure_s: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="a measurement of the minimum round trip ends after this long with the samples it has (at least "
+        "one): under contention round trips are long, and the limit held at min_limit for min_rtt_samples of them "
+        "refused nearly everything for seconds",
+    )
     switch_interval_s: float = Field(
         0.0005,
         ge=0,

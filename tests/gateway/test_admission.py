@@ -206,6 +206,19 @@ def test_contention_never_takes_the_limit_below_the_floor() -> None:
     assert lim.phase is Phase.MEASURING and lim.limit == 2
 
 
+def test_a_measurement_under_contention_ends_after_max_measure_s() -> None:
+    """Long round trips (a loaded machine): the limit is held at min_limit only until the first answer after
+    ``max_measure_s``, not for ``min_rtt_samples`` answers (which refused nearly everything for seconds)."""
+    clock = Clock()
+    lim = GradientLimit(100, _settings(min_rtt_samples=24, max_measure_s=1.0), clock)
+    _contend(lim)
+    assert lim.phase is Phase.MEASURING
+    _round_trip(lim, clock, 0.6)
+    assert lim.phase is Phase.MEASURING  # 0.6 s in: still measuring
+    _round_trip(lim, clock, 0.8)  # answered 1.4 s after the measurement started: it ends with two samples
+    assert lim.phase is Phase.ADAPTING and lim.min_rtt == pytest.approx(0.7) and lim.limit == 100
+
+
 def test_floor_is_between_min_limit_and_max_in_flight() -> None:
     assert GradientLimit(100, _settings(min_limit=8, floor_limit=3)).floor == 8
     assert GradientLimit(16, _settings(floor_limit=32)).floor == 16
