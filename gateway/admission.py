@@ -9,7 +9,9 @@ in milliseconds and an admitted one is served at the unloaded speed.
 * :class:`GradientLimit` (pure; time from the clock it is given): the concurrency limit. It starts at
   ``max_in_flight``; once a request finds it full, it measures, as Envoy's adaptive-concurrency filter does, the
   minimum round trip ``min_rtt`` (the median of ``admission.min_rtt_samples`` round trips of requests admitted while the
-  limit is held at ``min_limit``, or of those answered within ``max_measure_s``, at least one; again every ``min_rtt_interval_s`` when the limit was reached meanwhile), then once per window of ``sample_window_s`` holding ``min_samples`` round trips sets
+  limit is held at ``min_limit``; a measurement ends at the first answer after ``max_measure_s`` with the samples it
+  has, or without any keeping the last ``min_rtt``; again every ``min_rtt_interval_s`` when the limit was reached
+  meanwhile), then once per window of ``sample_window_s`` holding ``min_samples`` round trips sets
   ``limit = limit x gradient + sqrt(limit)`` with ``gradient = min_rtt x (1 + rtt_tolerance) / median round trip``,
   the gradient clamped to [0.5, 2] and the limit to [``floor_limit``, ``max_in_flight``] (the floor: under CPU
   contention, e.g. while refusing a flood, every round trip grows and the gradient alone would hold the limit below
@@ -143,11 +145,14 @@ class GradientLimit:
         if self.phase is Phase.UNMEASURED:
             return
         if self.phase is Phase.MEASURING:
-            if admitted_at < self._since:  # admitted under the previous, higher limit: a loaded round trip
-                return
-            self._samples.append(now - admitted_at)
-            if len(self._samples) >= s.min_rtt_samples or now - self._since >= s.max_measure_s:
-                self.min_rtt = statistics.median(self._samples)
+            # only requests admitted since the measurement began are samples (the others ran under the higher limit)
+            if admitted_at >= self._since:
+                self._samples.append(now - admitted_at)
+            # late: it ends with what it has (a sample, or else the last min_rtt)
+            late = now - self._since >= s.max_measure_s and (bool(self._samples) or self.min_rtt is not None)
+            if late or len(self._samples) >= s.min_rtt_samples:
+                if self._samples:
+                    self.min_rtt = statistics.median(self._samples)
                 self._samples = []
                 self.phase = Phase.ADAPTING
                 self._contended = False

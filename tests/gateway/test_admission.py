@@ -219,6 +219,28 @@ def test_a_measurement_under_contention_ends_after_max_measure_s() -> None:
     assert lim.phase is Phase.ADAPTING and lim.min_rtt == pytest.approx(0.7) and lim.limit == 100
 
 
+def test_a_measurement_without_samples_keeps_the_last_min_rtt_after_max_measure_s() -> None:
+    """Measured again while every answer comes from requests admitted before (a backlog): no sample, but the
+    measurement still ends at the first answer after ``max_measure_s``, keeping the last ``min_rtt``."""
+    clock = Clock()
+    lim = _measured(clock, rtt=0.01, min_rtt_interval_s=5.0, max_measure_s=1.0)
+    held = 0
+    while lim.try_acquire():  # every slot taken now, answered later; the next request finds the limit full
+        held += 1
+    admitted = clock.now
+    assert held == 100
+    clock.now += 6.0
+    for _ in range(4):
+        lim.release(admitted)  # a window closes after the interval: measured again
+    assert lim.phase is Phase.MEASURING and lim.limit == 2
+    clock.now += 0.5
+    lim.release(admitted)  # admitted before the measurement: no sample, and only 0.5 s in
+    assert lim.phase is Phase.MEASURING
+    clock.now += 0.6
+    lim.release(admitted)  # 1.1 s in: it ends, min_rtt as before
+    assert lim.phase is Phase.ADAPTING and lim.min_rtt == pytest.approx(0.01) and lim.limit > 2
+
+
 def test_floor_is_between_min_limit_and_max_in_flight() -> None:
     assert GradientLimit(100, _settings(min_limit=8, floor_limit=3)).floor == 8
     assert GradientLimit(16, _settings(floor_limit=32)).floor == 16
