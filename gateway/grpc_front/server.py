@@ -165,8 +165,9 @@ class GrpcFront:
         switch = self._rt.settings.admission.switch_interval_s
         if switch > 0:  # the gRPC thread gets the interpreter within this long while the gateway's loop runs
             sys.setswitchinterval(switch)
-        gc.collect()
-        gc.freeze()  # what is alive now lives as long as the process: never walked again by a collection
+        if gc.get_freeze_count() == 0:  # once per process (a test process may start several fronts)
+            gc.collect()
+            gc.freeze()  # what is alive now lives as long as the process: never walked again by a collection
         core_loop = asyncio.get_running_loop()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
