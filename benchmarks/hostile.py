@@ -1,6 +1,7 @@
 """Hostile clients against a real stack, one class at a time (issue 21): what each does to the gateway and the updater.
 
-    .venv/bin/python -m benchmarks.hostile [--quick] [--only CLASS ...] [--write docs/security.md]
+    .venv/bin/python -m benchmarks.hostile [--quick] [--only CLASS ...] [--front REST|gRPC] [--no-pin]
+        [--write docs/security.md]
 
 Stack, every part real, each its own process on 127.0.0.1 (free ports, tests/support helpers): the small demo model
 (entry + 2 PS shards), a Kafka broker, serve-local **A** (entry and both shards) and **B** (both shards), the updater
@@ -23,10 +24,12 @@ Classes (REST and gRPC where the class applies), each bounded in count and time,
 * ``malformed``: 250 malformed protobuf messages over the five gRPC methods; 250 malformed JSON bodies over REST.
 * ``gzip_bombs``: 20 concurrent REST bodies of 1 GiB of zeros gzipped to about 1 MB (valid token).
 * ``overload_1.5x`` / ``overload_3x``: open-loop load at 1.5x and 3x the capacity measured just before (closed loop,
-  16 clients): vegeta (REST) and ghz (gRPC, with up to 3 s of calls in flight) from ``.cache/go-bin``
-  (``make bench-tools``). Goodput is answers OK per second / capacity, the capacity being the better of the
-  measurements before and after the two runs (the machine is shared); the median latency of the 429 /
-  RESOURCE_EXHAUSTED answers and the p99 of the OK ones.
+  the better of 16 and 64 clients): vegeta (REST) and ghz (gRPC, with up to 3 s of calls in flight, one connection
+  per client up to 64) from ``.cache/go-bin`` (``make bench-tools``). Goodput is answers OK per second / capacity,
+  the capacity being the better of the measurements before and after the two runs (the machine is shared); the
+  median latency of the 429 / RESOURCE_EXHAUSTED answers and the p99 of the OK ones, with the load average. With 2+
+  CPUs the load generators run on CPU 1 and the stack on the others (``--no-pin``: not pinned); ``--front`` runs
+  one front.
 * ``replica_kill_heal``: replica B SIGKILLed under REST + gRPC predicts, started again, then (once no replica is
   flagged catching up, bounded) answers marked degraded are counted.
 
