@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,3 +32,16 @@ def demo_backends(demo_artifacts: Any) -> Iterator[Any]:
         models[ps_model_name(name, i)] = model_dir / ps_dir_name(i)
     with serve_local(models) as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _process_globals_restored() -> Iterator[None]:
+    """A gateway started in this process (its gRPC front) freezes the garbage collector's heap and shortens the
+    interpreter's switch interval, for the process's lifetime. Undone after each test, so that the tests after it
+    run with the collector and the switch interval they would have had alone (a frozen heap makes later full
+    collections far more frequent, which moves when another test's garbage is collected)."""
+    switch = sys.getswitchinterval()
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
+    sys.setswitchinterval(switch)
