@@ -120,11 +120,16 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from embedgate.localserve.memory import configure_malloc
+
+    malloc = configure_malloc()  # first: before any thread makes a malloc arena
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if malloc:
+        logging.getLogger(__name__).info("malloc settings (docs/serve-local.md, Memory): %s", malloc)
     if args.rest_api_port:
         print(
             "serve-local: --rest_api_port must be 0: serve-local has no REST API (the gateway provides it)",
