@@ -94,6 +94,20 @@ def write_slab_shard(
     the two reserved sentinels."""
     import tensorflow as tf
 
+    module = _module(tables, rows, stream_cut=stream_cut, written_ms=written_ms)
+    tf.saved_model.save(module, str(path), signatures=_signatures(module, tables))
+
+
+def _module(
+    tables: Sequence[TableSpec],
+    rows: Mapping[str, Rows],
+    *,
+    stream_cut: Mapping[str, int] | None = None,
+    written_ms: int = 0,
+) -> Any:
+    """The ``tf.Module`` of one shard (variables and hash tables, arguments as :func:`write_slab_shard`)."""
+    import tensorflow as tf
+
     module = tf.Module()
     for attr in (
         "slabs",
@@ -117,7 +131,9 @@ def write_slab_shard(
         ids = np.asarray(ids, np.int64)
         n = len(ids)
         if n > _SLOT_MASK:
-            raise ValueError(f"table {t!r}: {n} rows in one shard; the slab layout holds at most {_SLOT_MASK}")
+            raise ValueError(
+                f"table {t!r}: {n} rows in one shard; the slab layout holds at most {_SLOT_MASK}"
+            )
         if n and int(np.max(ids)) >= DELETED_KEY:
             raise ValueError(
                 f"table {t!r}: ids {EMPTY_KEY} and {DELETED_KEY} are reserved by the slab layout"
@@ -169,7 +185,7 @@ def write_slab_shard(
         if cut:
             positions.insert(tf.constant(list(cut), tf.string), tf.constant(list(cut.values()), tf.int64))
         module.positions[t] = positions
-    tf.saved_model.save(module, str(path), signatures=_signatures(module, tables))
+    return module
 
 
 def _dense_table(default: Any, name: str) -> Any:
@@ -248,14 +264,20 @@ class _Table:
     def gather(self, ids: Any) -> Any:
         """float32 [n, dim]: the rows of ``ids``, the default row for an unknown id. Runs without the shard's lock:
         a row counts only if its slot's owner generation, read after the row, is the one the id resolved to."""
+        return self.read(self.refs(ids))
+
+    def read(self, ref: Any) -> Any:
+        """float32 [n, dim]: the row of each reference of :meth:`refs`, the default row for a negative one or one
+        whose slot has been given to another id since (its owner generation differs)."""
         import tensorflow as tf
 
-        ref = self.refs(ids)
         slot = tf.bitwise.bitwise_and(tf.maximum(ref, 0), _SLOT_MASK)
         rows = tf.gather(self.slab, slot)
         with tf.control_dependencies([rows]):
             owner = tf.gather(self.owners, slot)
-        ok = tf.logical_and(ref >= 0, tf.equal(owner, tf.cast(tf.bitwise.right_shift(ref, _SLOT_BITS), tf.int32)))
+        ok = tf.logical_and(
+            ref >= 0, tf.equal(owner, tf.cast(tf.bitwise.right_shift(ref, _SLOT_BITS), tf.int32))
+        )
         default = tf.constant(self.spec.default_value, tf.float32, shape=[1, self.spec.dim])
         return tf.where(tf.expand_dims(ok, 1), tf.cast(rows, tf.float32), default)
 
@@ -483,7 +505,9 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
                     # lock-free lookups: a reused slot's new generation, then the rows, then the overlay entries
                     gens, claim = tab.claim(got)
                     with tf.control_dependencies(claim):
-                        row_ops = [tab.scatter(tab.slab, slots, tf.cast(tf.gather(values, rows), tab.slab.dtype))]
+                        row_ops = [
+                            tab.scatter(tab.slab, slots, tf.cast(tf.gather(values, rows), tab.slab.dtype))
+                        ]
                     with tf.control_dependencies(row_ops):
                         refs = tf.bitwise.bitwise_or(got, tf.bitwise.left_shift(gens, _SLOT_BITS))
                         ops.append(tab.overlay.insert(new_ids, refs))

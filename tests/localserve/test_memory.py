@@ -49,7 +49,12 @@ def _child(mode: str, **env: str) -> dict[str, object]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     environ.update(env, PYTHONPATH=str(REPO))
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, mode], capture_output=True, text=True, env=environ, check=True, timeout=120
+        [sys.executable, "-c", _CHILD, mode],
+        capture_output=True,
+        text=True,
+        env=environ,
+        check=True,
+        timeout=120,
     )
     result: dict[str, object] = json.loads(out.stdout)
     return result
