@@ -158,14 +158,19 @@ def _report(results: list[dict[str, Any]], cmd: str) -> str:
             for r in results
         ]
         ratios = [r["ratio_" + key] for r in results]
-        summary = f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}–{max(ratios):.2f}] ({better} is better)"
+        summary = (
+            f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] ({better} is better)"
+        )
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {summary} |")
     paired = "; ".join(
-        f"repeat {r['repeat'] + 1}: {r['lookup_ratio_p50']:.2f}x (quartiles {r['lookup_ratio_q1']:.2f}–"
+        f"repeat {r['repeat'] + 1}: {r['lookup_ratio_p50']:.2f}x (quartiles {r['lookup_ratio_q1']:.2f}-"
         f"{r['lookup_ratio_q3']:.2f})"
         for r in results
     )
-    lines += ["", f"Per-batch lookup ratio slab / hash (the same batch to both, median of the batches): {paired}."]
+    lines += [
+        "",
+        f"Per-batch lookup ratio slab / hash (the same batch to both, median of the batches): {paired}.",
+    ]
     return "\n".join(lines)
 
 

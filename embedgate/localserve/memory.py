@@ -5,7 +5,7 @@ its decoded values, the gathered rows). glibc serves an allocation above ``M_MMA
 and unmaps it on free, but the threshold is *dynamic*: after such a block is freed glibc raises the threshold to its
 size (up to 32 MB), so from then on these temporaries come from the heap and, once freed, stay in the process. Every
 thread that allocates gets an arena of its own (up to 8 per core), each keeping its own free blocks. With serve-local's
-gRPC workers and TensorFlow's thread pools this kept 83–128 MB after one rewrite of a PS, whatever its size
+gRPC workers and TensorFlow's thread pools this kept 83-128 MB after one rewrite of a PS, whatever its size
 (docs/benchmarks.md, issue 19). A fixed threshold of :data:`MMAP_THRESHOLD` (which also turns the dynamic adjustment
 off) and :data:`ARENA_MAX` arenas bound that to a few tens of MB.
 
