@@ -115,6 +115,14 @@ def register(subparsers: Any) -> None:
         help="TF Serving SSLConfig text proto (server_key, server_cert, custom_ca, client_verify): "
         "serve gRPC over TLS; client_verify: true requires client certificates signed by custom_ca",
     )
+    p.add_argument(
+        "--malloc_trim_interval_seconds",
+        "--malloc-trim-interval-seconds",
+        type=float,
+        default=2.0,
+        help="return free malloc memory to the OS (glibc malloc_trim) every this many seconds; <= 0 = never "
+        "(default 2; docs/serve-local.md, Memory)",
+    )
     p.add_argument("--log_level", "--log-level", default="INFO", help="Python log level (default INFO)")
     p.set_defaults(func=_run)
 
@@ -184,6 +192,7 @@ def _run(args: argparse.Namespace) -> int:
         file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
         model_config_file_poll_wait_seconds=args.model_config_file_poll_wait_seconds,
         grpc_max_threads=args.grpc_max_threads,
+        malloc_trim_seconds=args.malloc_trim_interval_seconds,
         tensor_content=args.enable_serialization_as_tensor_content,
         ssl_config=ssl_config,
         batching=batching,

@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import cast
 
-__all__ = ["ARENA_MAX", "MMAP_THRESHOLD", "configure_malloc"]
+__all__ = ["ARENA_MAX", "MMAP_THRESHOLD", "configure_malloc", "trim_malloc"]
 
 _log = logging.getLogger(__name__)
 
@@ -66,3 +66,17 @@ def _mallopt() -> Callable[[int, int], int] | None:
     fn.argtypes = [ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_int
     return cast(Callable[[int, int], int], fn)
+
+
+def trim_malloc() -> bool:
+    """Return the free memory of every malloc arena to the OS (glibc ``malloc_trim(0)``: also the free pages inside
+    the heaps, not only their tops). True if memory was released; False when none was, or not glibc. Thread-safe
+    (glibc locks each arena in turn); costs a walk of the free lists."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return bool(fn(0))
