@@ -74,3 +74,38 @@ def test_environment_settings_win() -> None:
     assert kept["mmapped"] == 0
     assert kept["set"] == {"MALLOC_ARENA_MAX": ARENA_MAX}
     assert configure_malloc({"MALLOC_MMAP_THRESHOLD_": "1", "MALLOC_ARENA_MAX": "1"}) == {}
+
+
+_TRIM_CHILD = r"""
+import ctypes, json
+from embedgate.localserve.memory import trim_malloc
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+blocks = [libc.malloc(64 << 10) for _ in range(2000)]  # 128 MB of heap blocks (below any mmap threshold)
+for b in blocks:
+    libc.memset(b, 1, 64 << 10)
+for b in blocks[:-1]:  # all free, but the last one pins the heap's top: free() alone returns nothing
+    libc.free(b)
+held = rss()
+released = trim_malloc()
+print(json.dumps({"held": held, "after": rss(), "released": released}))
+"""
+
+
+def test_trim_returns_the_free_pages_inside_the_heap() -> None:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run(
+        [sys.executable, "-c", _TRIM_CHILD],
+        capture_output=True,
+        text=True,
+        env={**environ, "PYTHONPATH": str(REPO)},
+        check=True,
+        timeout=120,
+    )
+    got = json.loads(out.stdout)
+    assert got["released"] is True
+    assert got["held"] - got["after"] > 100 << 20  # most of the 128 MB freed inside the heap went back
