@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 _CHILD = r"""
 import ctypes, json, sys
 from embedgate.localserve.memory import configure_malloc
-set_ = configure_malloc() if sys.argv[1] == "configure" else {}
+set_ = configure_malloc(arena_max=int(sys.argv[2]) if len(sys.argv) > 2 else None) if sys.argv[1] == "configure" else {}
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
@@ -45,11 +45,11 @@ libc.free(block)
 """
 
 
-def _child(mode: str, **env: str) -> dict[str, object]:
+def _child(mode: str, *extra: str, **env: str) -> dict[str, object]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     environ.update(env, PYTHONPATH=str(REPO))
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, mode],
+        [sys.executable, "-c", _CHILD, mode, *extra],
         capture_output=True,
         text=True,
         env=environ,
@@ -65,15 +65,19 @@ def test_fixed_threshold_keeps_large_temporaries_mmapped() -> None:
     fixed = _child("configure")
     assert default["mmapped"] == 0  # the second 4 MB block came from the heap: glibc keeps it when freed
     assert isinstance(fixed["mmapped"], int) and fixed["mmapped"] >= 4 << 20
-    assert fixed["set"] == {"MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD, "MALLOC_ARENA_MAX": ARENA_MAX}
+    assert fixed["set"] == {
+        "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD
+    }  # serve-local's call: arenas as glibc has them
 
 
 def test_environment_settings_win() -> None:
     # a deployment's own MALLOC_MMAP_THRESHOLD_ (here glibc's dynamic default is approximated by a large one) stays
-    kept = _child("configure", MALLOC_MMAP_THRESHOLD_=str(64 << 20))
+    kept = _child("configure", str(ARENA_MAX), MALLOC_MMAP_THRESHOLD_=str(64 << 20))
     assert kept["mmapped"] == 0
     assert kept["set"] == {"MALLOC_ARENA_MAX": ARENA_MAX}
-    assert configure_malloc({"MALLOC_MMAP_THRESHOLD_": "1", "MALLOC_ARENA_MAX": "1"}) == {}
+    assert (
+        configure_malloc({"MALLOC_MMAP_THRESHOLD_": "1", "MALLOC_ARENA_MAX": "1"}, arena_max=ARENA_MAX) == {}
+    )
 
 
 _TRIM_CHILD = r"""
