@@ -215,6 +215,19 @@ def _check_equal(target: str, whole: bytes, entries: dict[str, bytes]) -> dict[s
         }
 
 
+def _with_cpu(load: Callable[[], Result], pid: int, batch: int, out: list[float]) -> Callable[[], Result]:
+    """``load``, appending the gateway CPU µs per example it cost (``/proc/<pid>/stat``, process tree) to ``out``."""
+    from benchmarks.native_serving_bench import _cpu_s
+
+    def run() -> Result:
+        before = _cpu_s(pid)
+        res = load()
+        out.append((_cpu_s(pid) - before) / max(1, res.requests) / batch * 1e6)
+        return res
+
+    return run
+
+
 def _interleaved(targets: dict[str, Callable[[], Result]], rounds: int) -> list[dict[str, Result]]:
     from benchmarks.serving_bench import _interleaved as interleaved
 
@@ -280,6 +293,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with serve_local(served) as backend:
             stack = contextlib.ExitStack()
             grpc_targets = {"gateway_grpc": free_port()}
+            pids: dict[str, int] = {}  # target -> the gateway process whose CPU it costs
             gw = stack.enter_context(
                 run_gateway(
                     _gateway_yaml(
@@ -291,6 +305,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
                 )
             )
+            pids["gateway_grpc"] = pids["gateway_rest"] = gw.proc.pid
             if args.cache_mib:
                 from tests.support.kafka import kafka_broker
 
@@ -307,6 +322,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 cgw = stack.enter_context(run_gateway(ccfg))
                 _wait_cache_serving(cgw.url, "dlrm")
+                pids["gateway_grpc_cache"] = cgw.proc.pid
+                if (
+                    args.reference
+                ):  # the same cached gateway on the Python reference path (EMBEDGATE_NATIVE=off)
+                    grpc_targets["gateway_grpc_cache_ref"] = free_port()
+                    rcfg = _gateway_yaml(
+                        tmp / "cached_ref.yaml",
+                        tmp / "out" / "dlrm",
+                        backend.target,
+                        grpc_targets["gateway_grpc_cache_ref"],
+                        cache,
+                    )
+                    rgw = stack.enter_context(run_gateway(rcfg, env={"EMBEDGATE_NATIVE": "off"}))
+                    _wait_cache_serving(rgw.url, "dlrm")
+                    pids["gateway_grpc_cache_ref"] = rgw.proc.pid
             with stack:
                 results: dict[str, Any] = {}
                 for kind in args.traffic:
@@ -347,6 +377,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             targets["gateway_rest"] = partial(
                                 vegeta, f"{gw.url}/v1/models/dlrm:predict", rest, clients=1, seconds=secs
                             )
+                        cpu: dict[str, list[float]] = {}
+                        for name in list(targets):
+                            if name in pids:
+                                targets[name] = _with_cpu(
+                                    targets[name], pids[name], b, cpu.setdefault(name, [])
+                                )
                         print(
                             f"{key}: {distinct} distinct rows; diffs {diffs}; bytes {sizes}", file=sys.stderr
                         )
@@ -357,6 +393,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             "bytes": sizes,
                             "bytes_ratio": {k: round(v / sizes["whole"], 2) for k, v in sizes.items()},
                             "p50": _summary(_interleaved(targets, args.rounds), "p50_ms", "whole"),
+                            "gateway_cpu_us_per_example": {
+                                k: [round(x, 2) for x in v] for k, v in cpu.items()
+                            },
                         }
                 report["results"] = results
     report["load_average_end"] = round(os.getloadavg()[0], 1)
@@ -372,11 +411,13 @@ def _table(report: dict[str, Any]) -> str:
         "gateway_grpc_cache",
         "gateway_rest",
     ]
+    if any("gateway_grpc_cache_ref" in r["p50"] for r in report["results"].values()):
+        cols.insert(cols.index("gateway_rest"), "gateway_grpc_cache_ref")
     head = (
         "| traffic / batch | distinct rows / slots | request bytes ÷ whole: unique f32 / bf16 / pooled | p50 ÷ whole "
         "(median, spread over rounds): "
         + " / ".join(c.removeprefix("entry_") for c in cols)
-        + " | whole p50 |"
+        + " | whole p50 | gateway CPU µs/example, median over rounds |"
     )
     lines = [
         (
@@ -386,7 +427,7 @@ def _table(report: dict[str, Any]) -> str:
         ),
         "",
         head,
-        "|---|---|---|---|---|",
+        "|---|---|---|---|---|---|",
     ]
     for key, r in report["results"].items():
         br = r["bytes_ratio"]
@@ -401,9 +442,20 @@ def _table(report: dict[str, Any]) -> str:
         lines.append(
             f"| {key} | {r['distinct_rows']:,} / {r['slots']:,} | {br['entry_dlrm']}x / {br['entry_dlrm_bf16']}x / "
             f"{br['entry_dlrm_pooled']}x ({r['bytes']['whole']:,} B whole) | {' / '.join(cells)} | "
-            f"{p50['whole']['p50_ms']} ms |"
+            f"{p50['whole']['p50_ms']} ms | {_cpu_cell(r.get('gateway_cpu_us_per_example', {}))} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _cpu_cell(cpu: dict[str, list[float]]) -> str:
+    import statistics
+
+    return (
+        ", ".join(
+            f"{k.removeprefix('gateway_')} {statistics.median(v):.2f}" for k, v in sorted(cpu.items()) if v
+        )
+        or "-"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -417,6 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument(
         "--cache-mib", type=int, default=1024, help="hot-row cache of the cached gateway (0: none)"
+    )
+    p.add_argument(
+        "--reference",
+        action="store_true",
+        help="also a cached gateway with EMBEDGATE_NATIVE=off (column gateway_grpc_cache_ref)",
     )
     p.add_argument(
         "--write", type=Path, default=None, help="rewrite the dlrm_bench section of this Markdown file"

@@ -13,8 +13,9 @@ hot-row cache (every row of the request held). Stages, each timed alone (process
 * ``grpc_parse``: gRPC feature tensors -> FeatureBatch (``batch_from_tensors``; reference only here);
 * ``plan``: ``gateway.embedding.plan_lookups`` (native) vs ``plan_lookups_reference``;
 * ``cache_read``: ``CachedRowSource.lookup`` all hits, on a cache with the native ``SlotIndex`` vs a ``dict``;
-* ``entry_request``: ``entry_inputs`` + ``predict_request_for`` (the serialized entry request; the same code on both
-  paths, from the plan each path made);
+* ``entry_request``: ``gateway.embedding.entry_request`` (the serialized entry request, from the plan each path
+  made): natively written in one pass (``native.entry_request``: each shard's rows copied once into the request) vs
+  ``entry_inputs`` + ``predict_request_for`` (rows concatenated, then joined);
 * ``pooled_entry_request``: the same for a ``pooled`` entry (the manifest of an older export): pooling natively
   (``native.pool_feature``) vs numpy (``_combine``), then the framing.
 
@@ -45,7 +46,7 @@ from benchmarks.request_cpu_bench import DIM, demo_like_manifest, instances
 from gateway import native
 from gateway.cache import CachedRowSource, RowCache, ShardRows
 from gateway.core.requests import VersionSpec
-from gateway.embedding import entry_inputs, plan_lookups, plan_lookups_reference
+from gateway.embedding import entry_request, plan_lookups, plan_lookups_reference
 from gateway.features import FeatureBatch, batch_from_instances
 from gateway.grpc_front.features import batch_from_tensors
 from gateway.limits import parse_document
@@ -54,7 +55,6 @@ from schemas.gateway_settings import LimitsSettings
 from schemas.manifest import FeatureKind, Manifest
 from schemas.proto import tfs_pb2
 from schemas.tensors import from_ndarray
-from schemas.wire import predict_request_for
 from tests.support.native import native_mode
 
 STAGES = (
@@ -67,7 +67,14 @@ STAGES = (
     "entry_request",
     "pooled_entry_request",
 )
-NATIVE_STAGES = ("rest_parse", "rest_parse_columns", "plan", "cache_read", "pooled_entry_request")
+NATIVE_STAGES = (
+    "rest_parse",
+    "rest_parse_columns",
+    "plan",
+    "cache_read",
+    "entry_request",
+    "pooled_entry_request",
+)
 HEADING = "## Embedding hot path: native vs Python reference, per stage (issue 17)"
 
 
@@ -172,8 +179,8 @@ def _stages(m: Manifest, batch_size: int, mode: str) -> dict[str, Callable[[], o
         "grpc_parse": lambda: batch_from_tensors(tensors, m),
         "plan": lambda: planner(batch, m),
         "cache_read": lambda: _run(source.lookup(plan.shard_ids, VersionSpec(), 0.0)),
-        "entry_request": lambda: predict_request_for(spec, entry_inputs(plan, values, batch, m)),
-        "pooled_entry_request": lambda: predict_request_for(spec, entry_inputs(plan, values, batch, pooled)),
+        "entry_request": lambda: entry_request(spec, plan, values, batch, m),
+        "pooled_entry_request": lambda: entry_request(spec, plan, values, batch, pooled),
     }
 
 

@@ -6,7 +6,13 @@ over the same run) and ``perf report``'s largest shared objects and symbols. Nee
 bench-tools``. Python frames show as ``libpython``: pair it with ``benchmarks.embedding_path_bench`` for the Python
 stages.
 
-    python -m benchmarks.gateway_perf_profile [--batches 64,512,4096] [--seconds 4]
+    python -m benchmarks.gateway_perf_profile [--batches 64,512,4096] [--seconds 4] [--fronts grpc,rest]
+                                              [--profiler perf|py-spy] [--env EMBEDGATE_NATIVE=off]
+
+``--profiler py-spy`` samples the gateway's Python stacks instead (``py-spy record``, from the venv) and prints each
+frame's self and inclusive share of the samples (threads summed), so the Python frames ``perf`` shows as
+``libpython`` get names. py-spy does not always tell a waiting thread from a running one: frames that wait
+(``select``, ``Condition.wait``, the executor's ``_worker`` queue get) are idle time, not CPU.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import contextlib
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -44,6 +52,44 @@ def _report(data: Path, sort: str, lines: int) -> str:
     return "\n".join([x for x in out.splitlines() if x.strip() and not x.startswith("#")][:lines])
 
 
+def _py_spy(pid: int, data: Path, secs: float) -> subprocess.Popen[bytes]:
+    """``py-spy record`` of ``pid`` for ``secs`` into ``data`` (collapsed stacks), native frames included."""
+    exe = Path(sys.executable).with_name("py-spy")
+    rate = ["-r", "250", "-d", str(int(max(1, secs)))]
+    return subprocess.Popen(
+        [str(exe), "record", *rate, "-f", "raw", "-o", str(data), "-p", str(pid)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _perf(pid: int, data: Path, secs: float) -> subprocess.Popen[bytes]:
+    cmd = ["perf", "record", "-F", "999", "-g", "-o", str(data), "-p", str(pid), "--", "sleep", str(secs)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def collapsed_shares(data: Path, top: int = 30) -> str:
+    """Self and inclusive shares of the frames in py-spy's collapsed output ``data`` (one ``stack count`` a line)."""
+    own: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in data.read_text().splitlines():
+        if not line.strip():
+            continue
+        stack, n_text = line.rsplit(" ", 1)
+        n = int(n_text)
+        frames = stack.split(";")
+        total += n
+        own[frames[-1]] += n
+        for f in set(frames[1:]):  # the first frame is the thread
+            incl[f] += n
+    out = [f"{total} samples; self:"]
+    out += [f"{100 * n / max(1, total):5.1f} % {f}" for f, n in own.most_common(top)]
+    out.append("inclusive:")
+    out += [f"{100 * n / max(1, total):5.1f} % {f}" for f, n in incl.most_common(2 * top)]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     import yaml
 
@@ -58,9 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[64, 512, 4096])
     p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--fronts", type=lambda s: s.split(","), default=["grpc", "rest"])
+    p.add_argument("--profiler", choices=["perf", "py-spy"], default="perf")
+    p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the gateway (repeatable)")
     args = p.parse_args(argv)
-    if shutil.which("perf") is None:
+    if args.profiler == "perf" and shutil.which("perf") is None:
         raise SystemExit("perf is missing (Debian: apt-get install linux-perf)")
+    record = _perf if args.profiler == "perf" else _py_spy
+    env = dict(e.split("=", 1) for e in args.env)
     secs = min(args.seconds, 30.0)
     with tempfile.TemporaryDirectory(prefix="perfprofile-") as tmp_s:
         tmp = Path(tmp_s)
@@ -76,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             doc = yaml.safe_load(cfg.read_text())
             doc["models"] = doc["models"][:1]  # the embedding model only (no whole model served here)
             cfg.write_text(yaml.safe_dump(doc))
-            gw = stack.enter_context(run_gateway(cfg, ready_timeout=180))
+            gw = stack.enter_context(run_gateway(cfg, ready_timeout=180, env=env))
             _wait_cache_serving(gw.url, m.model_name)
             pid = gw.proc.pid
             before = _cpu_s(pid)
@@ -91,38 +142,25 @@ def main(argv: list[str] | None = None) -> int:
                     "grpc": partial(ghz, f"127.0.0.1:{port}", req, proto_set, clients=1, seconds=secs),
                     "rest": partial(vegeta, url, body, clients=1, seconds=secs),
                 }
-                for front, load in loads.items():
+                for front in args.fronts:
+                    load = loads[front]
                     load()  # warm
-                    data = tmp / f"perf-{b}-{front}.data"
+                    data = tmp / f"{args.profiler}-{b}-{front}.data"
                     start = _cpu_s(pid)
-                    perf = subprocess.Popen(
-                        [
-                            "perf",
-                            "record",
-                            "-F",
-                            "999",
-                            "-g",
-                            "-o",
-                            str(data),
-                            "-p",
-                            str(pid),
-                            "--",
-                            "sleep",
-                            str(secs),
-                        ],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
+                    prof = record(pid, data, secs)
                     res = load()
-                    perf.wait(timeout=secs + 120)
+                    prof.wait(timeout=secs + 120)
                     cpu = (_cpu_s(pid) - start) / max(1, res.requests)
                     print(
                         f"\n=== batch {b} {front}: p50 {res.p50_ms} ms, {res.requests} requests, gateway CPU "
                         f"{cpu * 1e3:.2f} ms per request, {cpu / b * 1e6:.2f} µs per example",
                         flush=True,
                     )
-                    print(_report(data, "dso", 8))
-                    print(_report(data, "dso,sym", 25), flush=True)
+                    if args.profiler == "perf":
+                        print(_report(data, "dso", 8))
+                        print(_report(data, "dso,sym", 25), flush=True)
+                    else:
+                        print(collapsed_shares(data), flush=True)
     return 0
 
 

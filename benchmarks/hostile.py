@@ -1,6 +1,7 @@
 """Hostile clients against a real stack, one class at a time (issue 21): what each does to the gateway and the updater.
 
-    .venv/bin/python -m benchmarks.hostile [--quick] [--only CLASS ...] [--write docs/security.md]
+    .venv/bin/python -m benchmarks.hostile [--quick] [--only CLASS ...] [--front REST|gRPC] [--no-pin]
+        [--write docs/security.md]
 
 Stack, every part real, each its own process on 127.0.0.1 (free ports, tests/support helpers): the small demo model
 (entry + 2 PS shards), a Kafka broker, serve-local **A** (entry and both shards) and **B** (both shards), the updater
@@ -23,10 +24,12 @@ Classes (REST and gRPC where the class applies), each bounded in count and time,
 * ``malformed``: 250 malformed protobuf messages over the five gRPC methods; 250 malformed JSON bodies over REST.
 * ``gzip_bombs``: 20 concurrent REST bodies of 1 GiB of zeros gzipped to about 1 MB (valid token).
 * ``overload_1.5x`` / ``overload_3x``: open-loop load at 1.5x and 3x the capacity measured just before (closed loop,
-  16 clients): vegeta (REST) and ghz (gRPC, with up to 3 s of calls in flight) from ``.cache/go-bin``
-  (``make bench-tools``). Goodput is answers OK per second / capacity, the capacity being the better of the
-  measurements before and after the two runs (the machine is shared); the median latency of the 429 /
-  RESOURCE_EXHAUSTED answers and the p99 of the OK ones.
+  the better of 16 and 64 clients): vegeta (REST) and ghz (gRPC, with up to 3 s of calls in flight, one connection
+  per client up to 64) from ``.cache/go-bin`` (``make bench-tools``). Goodput is answers OK per second / capacity,
+  the capacity being the better of the measurements before and after the two runs (the machine is shared); the
+  median latency of the 429 / RESOURCE_EXHAUSTED answers and the p99 of the OK ones, with the load average. With 2+
+  CPUs the load generators run on CPU 1 and the stack on the others (``--no-pin``: not pinned); ``--front`` runs
+  one front.
 * ``replica_kill_heal``: replica B SIGKILLed under REST + gRPC predicts, started again, then (once no replica is
   flagged catching up, bounded) answers marked degraded are counted.
 
@@ -308,6 +311,8 @@ class HealthzProbe:
 class Stack:
     work: Path
     quick: bool
+    fronts: tuple[str, ...] = ("REST", "gRPC")  # the overload class's fronts (--front)
+    pin: bool = True  # the overload class: load generators on one CPU, the stack on the others (--no-pin)
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     manifest: Any = None
@@ -1031,8 +1036,10 @@ def _ghz(
             json.dumps({"authorization": f"Bearer {st.token}"}),
             "--concurrency",
             str(clients),
+            # one connection per client up to 64, as vegeta opens one per worker: the capacity runs over one
+            # connection (clients // 50) reached about half the rate the open-loop runs got answered
             "--connections",
-            str(max(1, min(64, clients // 50))),
+            str(max(1, min(64, clients))),
             "--duration",
             f"{seconds}s",
             "--timeout",
@@ -1063,23 +1070,74 @@ def _ghz(
 
 
 _SHED_REASONS: Final = ("queue_full", "queue_timeout", "loop_lag")
+_CAPACITY_CLIENTS: Final = (
+    16,
+    64,
+)  # closed-loop concurrencies of the capacity runs; the best one is the capacity
+_LOADGEN_CPU: Final = 1  # with --pin: the load generators' CPU; the stack gets every other one
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s child processes, their children, and so on (from /proc; empty where /proc is missing)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                kids = [int(k) for k in (task / "children").read_text().split()]
+                out += kids
+                todo += kids
+    return out
+
+
+def _set_cpus(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` on ``cpus`` (sched_setaffinity applies to one thread; threads made later inherit)."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            os.sched_setaffinity(int(task.name), cpus)
+
+
+def _stack_cpus() -> set[int]:
+    return set(range(os.cpu_count() or 1)) - {_LOADGEN_CPU}
+
+
+@contextlib.contextmanager
+def _pinned(st: Stack) -> Iterator[str]:
+    """With ``st.pin`` and 2+ CPUs: the stack (every process this benchmark started: Kafka, serve-local A and B, the
+    updater, the gateway and its workers) on every CPU but :data:`_LOADGEN_CPU`, and this process on that one (every
+    thread; the load generators it starts inherit it), so that a load generator never takes the CPU of the stack it measures (on 2
+    cores the stack has one CPU, capacity included). Everything gets all CPUs back at the end. Yields how it ran."""
+    cpus = os.cpu_count() or 1
+    if not st.pin or cpus < 2:
+        yield "unpinned"
+        return
+    everything = set(range(cpus))
+    stack = _descendants(os.getpid())
+    for pid in stack:
+        _set_cpus(pid, _stack_cpus())
+    _set_cpus(os.getpid(), {_LOADGEN_CPU})
+    try:
+        yield f"stack on CPU {','.join(map(str, sorted(_stack_cpus())))}, load generator on CPU {_LOADGEN_CPU}"
+    finally:
+        for pid in [os.getpid(), *stack]:
+            _set_cpus(pid, everything)
 
 
 def _capacity(codes: Sequence[str], seconds: float) -> float:
     return sum(1 for c in codes if c == "OK") / seconds
 
 
+def _load() -> str:
+    return f"load average {os.getloadavg()[0]:.1f}"
+
+
 async def overload(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
-    """Capacity (closed loop, 16 clients), then open loop at 1.5x and 3x, REST then gRPC; one /healthz span each."""
-    spans: list[float] = []
-    seconds = 5.0 if st.quick else 10.0
-    cap_s = 4.0 if st.quick else 6.0
-    results: list[ClassResult] = []
-    body = _json({"instances": st.instances[:4]})
-    payload = _predict_bytes(st, 4)
+    """Per front: capacity (closed loop at 16 and at 64 clients, the best of them), then open loop at 1.5x and 3x,
+    then the capacity again; one /healthz span per open-loop run. Pinned with ``st.pin`` (:func:`_pinned`)."""
     if _tool("vegeta") is None or _tool("ghz") is None:
         _say("vegeta / ghz missing from .cache/go-bin (make bench-tools): overload classes skipped")
-        return results
+        return []
     protoset = st.work / "tfs.protoset"
     await asyncio.to_thread(
         subprocess.run,
@@ -1094,47 +1152,68 @@ async def overload(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
         capture_output=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
     )
-    for front in ("REST", "gRPC"):
+    results: list[ClassResult] = []
+    with _pinned(st) as how:
+        _say(f"overload: {how}")
+        for front in st.fronts:
+            results += await _overload_front(st, probe, front, protoset, how)
+    return results
 
-        def run(rate: float, secs: float, workers: int, front: str = front) -> tuple[list[str], list[float]]:
-            if front == "REST":
-                return _vegeta(st, body, rate, secs, workers)
-            if rate > 0:  # one ghz worker per call in flight: enough of them for 3 s of calls at the rate
-                workers = int(min(3000, max(workers, 3 * rate)))
-            return _ghz(st, payload, protoset, rate, secs, workers)
 
-        await asyncio.to_thread(run, 0, 2.0, 16)  # warm-up (first requests, connections, the adaptive limit)
-        await asyncio.sleep(1)
-        codes, _ = await asyncio.to_thread(run, 0, cap_s, 16)
-        before = _capacity(codes, cap_s)
-        _say(f"{front} capacity {before:.0f}/s ({_hist(codes)})")
-        await asyncio.sleep(2)  # let the gateway settle (adaptive limit) between runs
-        runs: list[tuple[float, list[str], list[float], float, str]] = []
-        for factor in (1.5, 3.0):
-            shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
-            with probe.span(spans):
-                codes, lat = await asyncio.to_thread(run, factor * before, seconds, 256)
-            shed = {
-                k: st.metric("embedgate_admission_shed_total", {"reason": k}) - v for k, v in shed0.items()
-            }
-            gw = (
-                f"; gateway: shed {', '.join(f'{n:.0f} {k}' for k, n in shed.items())}, admission limit "
-                f"{st.metric('embedgate_admission_limit'):.0f} at the end"
-            )
-            runs.append((factor, codes, lat, spans[-1], gw))
-            await asyncio.sleep(2)
-        codes, _ = await asyncio.to_thread(run, 0, cap_s, 16)
-        after = _capacity(codes, cap_s)
-        capacity = max(
-            before, after
-        )  # the machine is shared: judge against the better of the two measurements
-        _say(f"{front} capacity after the runs {after:.0f}/s; judged against {capacity:.0f}/s")
-        for factor, codes, lat, healthz_ms, gw in runs:
-            r = overload_result(f"overload_{factor:g}x", front, codes, lat, seconds, capacity)
-            r.healthz_ms = healthz_ms
-            r.outcome = f"offered {factor * before:,.0f}/s; " + r.outcome + gw
-            results.append(r)
-            _say(f"{r.name} {front}: {r.outcome}")
+async def _overload_front(
+    st: Stack, probe: HealthzProbe, front: str, protoset: Path, how: str
+) -> list[ClassResult]:
+    spans: list[float] = []
+    seconds = 5.0 if st.quick else 10.0
+    cap_s = 4.0 if st.quick else 5.0
+    body = _json({"instances": st.instances[:4]})
+    payload = _predict_bytes(st, 4)
+
+    def run(rate: float, secs: float, workers: int) -> tuple[list[str], list[float]]:
+        if front == "REST":
+            return _vegeta(st, body, rate, secs, workers)
+        if rate > 0:  # one ghz worker per call in flight: enough of them for 3 s of calls at the rate
+            workers = int(min(3000, max(workers, 3 * rate)))
+        return _ghz(st, payload, protoset, rate, secs, workers)
+
+    async def capacity(when: str) -> float:
+        best = 0.0
+        for clients in _CAPACITY_CLIENTS:
+            codes, _ = await asyncio.to_thread(run, 0, cap_s, clients)
+            got = _capacity(codes, cap_s)
+            _say(f"{front} capacity {when}, {clients} clients: {got:.0f}/s ({_hist(codes)}; {_load()})")
+            best = max(best, got)
+            await asyncio.sleep(1)
+        return best
+
+    await asyncio.to_thread(run, 0, 2.0, 16)  # warm-up (first requests, connections, the adaptive limit)
+    await asyncio.sleep(1)
+    before = await capacity("before")
+    await asyncio.sleep(1)  # let the gateway settle (adaptive limit) between runs
+    runs: list[tuple[float, list[str], list[float], float, str]] = []
+    for factor in (1.5, 3.0):
+        shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
+        with probe.span(spans):
+            codes, lat = await asyncio.to_thread(run, factor * before, seconds, 256)
+        shed = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) - v for k, v in shed0.items()}
+        gw = (
+            f"; gateway: shed {', '.join(f'{n:.0f} {k}' for k, n in shed.items())}, admission limit "
+            f"{st.metric('embedgate_admission_limit'):.0f} at the end; {_load()}; {how}"
+        )
+        runs.append((factor, codes, lat, spans[-1], gw))
+        await asyncio.sleep(2)
+    after = await capacity("after")
+    capacity_rps = max(
+        before, after
+    )  # the machine is shared: judge against the better of the two measurements
+    _say(f"{front} capacity after the runs {after:.0f}/s; judged against {capacity_rps:.0f}/s")
+    results: list[ClassResult] = []
+    for factor, codes, lat, healthz_ms, gw in runs:
+        r = overload_result(f"overload_{factor:g}x", front, codes, lat, seconds, capacity_rps)
+        r.healthz_ms = healthz_ms
+        r.outcome = f"offered {factor * before:,.0f}/s; " + r.outcome + gw
+        results.append(r)
+        _say(f"{r.name} {front}: {r.outcome}")
     return results
 
 
@@ -1325,11 +1404,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--write", type=Path, help="put the table into this Markdown file, between its markers")
     ap.add_argument("--note", default="", help="a line printed under the table's header (e.g. which branch)")
+    ap.add_argument(
+        "--front", action="append", choices=("REST", "gRPC"), help="overload: only this front (repeatable)"
+    )
+    ap.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="overload: leave the load generators and the stack on every CPU (default: pinned apart)",
+    )
     args = ap.parse_args(argv)
     names = args.only or list(CLASSES)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
-        st = Stack(Path(tmp), args.quick)
+        st = Stack(Path(tmp), args.quick, tuple(args.front or ("REST", "gRPC")), not args.no_pin)
         with st.stack:
             st.start()
             results = asyncio.run(_run(st, names))

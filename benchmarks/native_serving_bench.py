@@ -190,16 +190,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(report: dict[str, Any]) -> str:
     lines = [
-        "| batch | target | p50 ms | p50 ÷ whole | gateway CPU µs/example | reference p50 ÷ native p50 |",
-        "|---|---|---|---|---|---|",
+        (
+            "| batch | target | p50 ms | p50 ÷ whole | gateway CPU µs/example | reference p50 ÷ native p50 "
+            "| REST p50 ÷ the same gateway's gRPC p50 |"
+        ),
+        "|---|---|---|---|---|---|---|",
     ]
     for b, row in report["batches"].items():
         for name, v in row.items():
             cpu = "-" if name == "whole" else _med(v["cpu_us_per_example"])
             ab = _med(v["ref_over_native"]) + "x" if "ref_over_native" in v else ""
             errors = f" ({v['errors']} errors)" if v["errors"] else ""
+            own = ""
+            grpc = row.get(name.replace("rest_", "grpc_")) if name.startswith("rest_") else None
+            if grpc is not None:  # per round: REST and gRPC of one gateway setup
+                own = _med([r / g for r, g in zip(v["p50_ms"], grpc["p50_ms"], strict=True)]) + "x"
             lines.append(
-                f"| {b} | {name} | {_med(v['p50_ms'])}{errors} | {_med(v['ratio_whole'])}x | {cpu} | {ab} |"
+                f"| {b} | {name} | {_med(v['p50_ms'])}{errors} | {_med(v['ratio_whole'])}x | {cpu} | {ab} | {own} |"
             )
     return "\n".join(lines)
 

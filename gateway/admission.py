@@ -9,9 +9,13 @@ in milliseconds and an admitted one is served at the unloaded speed.
 * :class:`GradientLimit` (pure; time from the clock it is given): the concurrency limit. It starts at
   ``max_in_flight``; once a request finds it full, it measures, as Envoy's adaptive-concurrency filter does, the
   minimum round trip ``min_rtt`` (the median of ``admission.min_rtt_samples`` round trips of requests admitted while the
-  limit is held at ``min_limit``; again every ``min_rtt_interval_s`` when the limit was reached meanwhile), then once per window of ``sample_window_s`` holding ``min_samples`` round trips sets
+  limit is held at ``min_limit``; a measurement ends at the first answer after ``max_measure_s`` with the samples it
+  has, or without any keeping the last ``min_rtt``; again every ``min_rtt_interval_s`` when the limit was reached
+  meanwhile), then once per window of ``sample_window_s`` holding ``min_samples`` round trips sets
   ``limit = limit x gradient + sqrt(limit)`` with ``gradient = min_rtt x (1 + rtt_tolerance) / median round trip``,
-  the gradient clamped to [0.5, 2] and the limit to [``min_limit``, ``max_in_flight``]. A round trip runs from
+  the gradient clamped to [0.5, 2] and the limit to [``floor_limit``, ``max_in_flight``] (the floor: under CPU
+  contention, e.g. while refusing a flood, every round trip grows and the gradient alone would hold the limit below
+  the concurrency the backends need to serve at capacity, refusing good work). A round trip runs from
   admission to the answer; only requests answered OK are samples. With ``adaptive: false`` the limit is
   ``max_in_flight``.
 * :class:`Admission` (one event loop, not thread-safe): admits while fewer than ``limit`` are in flight; otherwise a
@@ -80,6 +84,9 @@ class GradientLimit:
         self._clock = clock
         self._s = settings if settings is not None and settings.adaptive else None
         self.min_limit = min(self._s.min_limit, max_limit) if self._s is not None else max_limit
+        self.floor = (
+            min(max(self._s.floor_limit, self.min_limit), max_limit) if self._s is not None else max_limit
+        )
         self._limit = float(max_limit)
         self._resume = float(max_limit)  # the limit to go back to after a measurement
         self._samples: list[float] = []
@@ -112,6 +119,14 @@ class GradientLimit:
         if self.phase is Phase.UNMEASURED:
             self._measure(self._clock())
 
+    def mark_contended(self) -> bool:
+        """:meth:`note_contention` for a caller on another thread: notes the contention (one flag, written under the
+        interpreter lock) and says whether :meth:`note_contention` must still run on the owner's loop (True before
+        the first measurement, which only that loop may start). A refusal from another thread so costs no wake-up of
+        the owner's loop (it did on each refusal: a cross-thread call per refused gRPC call under a flood)."""
+        self._contended = True
+        return self.phase is Phase.UNMEASURED
+
     def release(self, admitted_at: float | None) -> None:
         """Give a slot back; ``admitted_at`` (the clock when it was taken) makes its round trip a sample."""
         self.in_flight -= 1
@@ -130,11 +145,14 @@ class GradientLimit:
         if self.phase is Phase.UNMEASURED:
             return
         if self.phase is Phase.MEASURING:
-            if admitted_at < self._since:  # admitted under the previous, higher limit: a loaded round trip
-                return
-            self._samples.append(now - admitted_at)
-            if len(self._samples) >= s.min_rtt_samples:
-                self.min_rtt = statistics.median(self._samples)
+            # only requests admitted since the measurement began are samples (the others ran under the higher limit)
+            if admitted_at >= self._since:
+                self._samples.append(now - admitted_at)
+            # late: it ends with what it has (a sample, or else the last min_rtt)
+            late = now - self._since >= s.max_measure_s and (bool(self._samples) or self.min_rtt is not None)
+            if late or len(self._samples) >= s.min_rtt_samples:
+                if self._samples:
+                    self.min_rtt = statistics.median(self._samples)
                 self._samples = []
                 self.phase = Phase.ADAPTING
                 self._contended = False
@@ -159,7 +177,7 @@ class GradientLimit:
         target = self.min_rtt * (1.0 + self._s.rtt_tolerance)
         gradient = _MAX_GRADIENT if rtt <= 0 else min(_MAX_GRADIENT, max(_MIN_GRADIENT, target / rtt))
         new = limit * gradient + math.sqrt(limit)
-        return min(float(self.max_limit), max(float(self.min_limit), new))
+        return min(float(self.max_limit), max(float(self.floor), new))
 
 
 class Admission:
@@ -243,7 +261,8 @@ class Admission:
         reason = self._reason()
         if reason is None:
             return None
-        loop.call_soon_threadsafe(self.policy.note_contention)
+        if self.policy.mark_contended():  # only the first contention needs the loop (it starts a measurement)
+            loop.call_soon_threadsafe(self.policy.note_contention)
         return self._shed(reason)
 
     def _reason(self) -> str | None:

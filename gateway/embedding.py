@@ -26,6 +26,7 @@ Unknown ids come back from the PS as the table's default row and are pooled like
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 
@@ -44,15 +45,18 @@ from schemas.manifest import (
     entry_weights_input,
 )
 from schemas.partition import shard_for
-from schemas.wire import bfloat16_bits
+from schemas.proto import tfs_pb2
+from schemas.wire import Bfloat16Bits, bfloat16_bits, predict_request_for
 
 __all__ = [
     "LookupPlan",
     "entry_inputs",
+    "entry_request",
     "plan_lookups",
     "plan_lookups_reference",
     "pool",
     "unique_inputs",
+    "unique_inputs_indices",
 ]
 
 
@@ -234,15 +238,28 @@ def unique_inputs(
             out[key] = rows.astype(np.float16)
         else:
             out[key] = rows
+    out.update(unique_inputs_indices(plan, batch, manifest))
+    return out
+
+
+def unique_inputs_indices(
+    plan: LookupPlan, batch: FeatureBatch, manifest: Manifest
+) -> list[tuple[str, np.ndarray]]:
+    """The per-feature inputs of a ``unique_rows`` entry (:func:`unique_inputs` without the rows), in order:
+    ``index__<f>`` int32, ``splits__<f>`` int32 (multi features), ``weights__<f>`` float32 (features with weights)."""
+    out: list[tuple[str, np.ndarray]] = []
     for f in manifest.sparse_features:
         sparse = batch.sparse[f.name]
-        out[entry_index_input(f.name)] = plan._rows[f.name].astype(np.int32, copy=False)
+        out.append((entry_index_input(f.name), plan._rows[f.name].astype(np.int32, copy=False)))
         if f.kind is FeatureKind.MULTI:
-            out[entry_splits_input(f.name)] = sparse.row_splits.astype(np.int32)
+            out.append((entry_splits_input(f.name), sparse.row_splits.astype(np.int32)))
         if f.weights:
             w = sparse.weights
-            out[entry_weights_input(f.name)] = (
-                np.ones(sparse.ids.size, np.float32) if w is None else w.astype(np.float32, copy=False)
+            out.append(
+                (
+                    entry_weights_input(f.name),
+                    np.ones(sparse.ids.size, np.float32) if w is None else w.astype(np.float32, copy=False),
+                )
             )
     return out
 
@@ -267,11 +284,22 @@ def _unique_rows(
 ) -> dict[str, np.ndarray]:
     """Per table read by a sparse feature: float32 [U, dim], the shards' answers concatenated in shard order (the
     row numbering of ``plan._rows``)."""
+    return {
+        name: parts[0] if len(parts) == 1 else np.concatenate(parts)
+        for name, parts in _table_parts(plan, shard_values, manifest).items()
+    }
+
+
+def _table_parts(
+    plan: LookupPlan, shard_values: list[dict[str, np.ndarray]], manifest: Manifest
+) -> dict[str, list[np.ndarray]]:
+    """Per table read by a sparse feature: each shard's answer, float32 [len(ids), dim], in shard order (checked:
+    a missing table or a wrong shape raises :class:`gateway.errors.Internal` naming the shard and table)."""
     num_shards = manifest.num_shards
     if len(shard_values) != num_shards or len(plan.shard_ids) != num_shards:
         raise Internal(f"expected lookup answers from {num_shards} PS shards, got {len(shard_values)}")
     used = {f.table for f in manifest.sparse_features}
-    tables: dict[str, np.ndarray] = {}
+    tables: dict[str, list[np.ndarray]] = {}
     for t in manifest.tables:
         if t.name not in used:
             continue
@@ -288,8 +316,60 @@ def _unique_rows(
                     f"expected {list(expected)}"
                 )
             parts.append(values)
-        tables[t.name] = parts[0] if num_shards == 1 else np.concatenate(parts)
+        tables[t.name] = parts
     return tables
+
+
+def entry_request(
+    spec: tfs_pb2.ModelSpec,
+    plan: LookupPlan,
+    shard_values: list[dict[str, np.ndarray]],
+    batch: FeatureBatch,
+    manifest: Manifest,
+) -> bytes:
+    """The serialized entry ``PredictRequest`` at ``spec`` for ``manifest.entry.input_mode``: written natively in
+    one pass when the native path is on (:func:`gateway.native.entry_request`: a ``unique_rows`` table's rows go in
+    as each shard answered them, copied once into the request, never concatenated first), else
+    :func:`schemas.wire.predict_request_for` of :func:`entry_inputs` (the reference). Both give the same bytes
+    (``tests/gateway/test_native_entry.py``)."""
+    from gateway import native
+
+    head = tfs_pb2.PredictRequest(model_spec=spec).SerializeToString()
+    if native.path() == "native":
+        wire = native.entry_request(head, _native_inputs(plan, shard_values, batch, manifest))
+        if wire is not None:
+            return wire
+    return predict_request_for(spec, entry_inputs(plan, shard_values, batch, manifest))
+
+
+_WIRE_DTYPES: Final = {
+    np.dtype(np.float32): tfs_pb2.DT_FLOAT,
+    np.dtype(np.int32): tfs_pb2.DT_INT32,
+    np.dtype(np.float16): tfs_pb2.DT_HALF,
+}
+
+
+def _wire(name: str, array: np.ndarray) -> tuple[str, int, tuple[int, ...], list[np.ndarray]]:
+    """One input for :func:`gateway.native.entry_request`: float32, int32, float16 or :class:`Bfloat16Bits`."""
+    dtype = tfs_pb2.DT_BFLOAT16 if isinstance(array, Bfloat16Bits) else _WIRE_DTYPES[array.dtype]
+    return name, dtype, array.shape, [array]
+
+
+def _native_inputs(
+    plan: LookupPlan, shard_values: list[dict[str, np.ndarray]], batch: FeatureBatch, manifest: Manifest
+) -> list[tuple[str, int, tuple[int, ...], list[np.ndarray]]]:
+    """:func:`entry_inputs` as :func:`gateway.native.entry_request` takes them, in the same order; float32 rows of
+    a ``unique_rows`` entry as one part per shard (the reference concatenates them)."""
+    entry = manifest.entry
+    if entry.input_mode is EntryInputMode.POOLED or entry.row_dtype is not EntryRowDtype.FLOAT32:
+        return [_wire(k, a) for k, a in entry_inputs(plan, shard_values, batch, manifest)]
+    out: list[tuple[str, int, tuple[int, ...], list[np.ndarray]]] = []
+    for name, parts in _table_parts(plan, shard_values, manifest).items():
+        rows = sum(p.shape[0] for p in parts)
+        out.append((entry_rows_input(name), tfs_pb2.DT_FLOAT, (rows, parts[0].shape[1]), parts))
+    out.extend(_wire(k, a) for k, a in unique_inputs_indices(plan, batch, manifest))
+    out.extend(_wire(k, np.asarray(a, dtype=np.float32)) for k, a in batch.dense.items())
+    return out
 
 
 def _combine(rows: np.ndarray, sparse: SparseInput, spec: SparseFeatureSpec, size: int) -> np.ndarray:

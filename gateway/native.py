@@ -20,6 +20,15 @@ For an embedding model's REST predict body it parses the features (:func:`reques
 ``gateway.features.batch_from_instances`` / ``batch_from_columns``) from the tree :func:`check_predict` kept, for
 rows and columns of integer ids and numbers; every other body returns None and the reference parses it (and words
 every error). ``tests/gateway/test_native_features.py`` checks the batches are the same bit for bit.
+
+The REST route first tries an embedding model's body in ONE pass over the raw bytes (:func:`rest_batch`,
+``native/src/rest_body.rs``): the limits of ``gateway.limits.parse_document``, ``signature_name`` and the features,
+no tree built; it declines what :func:`request_features` declines and any body ``parse_document`` would refuse, and
+the route then runs :func:`check_predict` or the reference. ``tests/gateway/test_native_rest_body.py`` checks it.
+It writes the entry's serialized ``PredictRequest`` in one pass (:func:`entry_request`; reference
+``schemas.wire.predict_request_for`` of ``gateway.embedding.entry_inputs``, same bytes:
+``tests/gateway/test_native_entry.py``) and tells the gRPC front which large PredictRequests are plain enough to
+parse in process without the parse worker's check (:func:`plain_predict_request`; ``tests/gateway/test_native_scan.py``).
 """
 
 from __future__ import annotations
@@ -51,13 +60,16 @@ __all__ = [
     "check_predict",
     "checked_tensors",
     "classify_response",
+    "entry_request",
     "path",
+    "plain_predict_request",
     "plan_lookups",
     "pool_feature",
     "predict_response",
     "predict_tensors",
     "regress_response",
     "request_features",
+    "rest_batch",
     "slot_index",
 ]
 
@@ -294,6 +306,40 @@ def request_features(source: CheckedBody | bytes, manifest: Manifest) -> tuple[F
         done = mod.checked_features(source, layout)
     if done is None:
         return None
+    return _feature_batch(done, manifest)
+
+
+def rest_batch(
+    body: bytes, manifest: Manifest, limits: LimitsSettings
+) -> tuple[str, FeatureBatch, Format] | None:
+    """An embedding model's REST predict ``body`` in ONE native pass (``native/src/rest_body.rs``): its
+    ``signature_name`` ("" when absent), its feature batch for ``manifest`` and its format, parsed from the bytes
+    straight into the batch's arrays while the limits are checked (strict JSON, no lone surrogates, ``limits``'
+    depth, batch and per-example list sizes: what ``gateway.limits.parse_document`` checks). None when the native
+    path is off or leaves the body to the reference (every error, and what :func:`request_features` declines);
+    the caller then runs ``parse_document`` and the reference, which word every error. The batch equals
+    ``batch_from_instances`` / ``batch_from_columns`` of the parsed body (``map_lookups`` included)."""
+    mod = _module()
+    if mod is None or path() != "native" or not hasattr(mod, "rest_features"):
+        return None
+    layout = _feature_layout(mod, manifest)
+    if layout is None:
+        return None
+    done = mod.rest_features(
+        body, layout, limits.max_json_depth, limits.max_instances, limits.max_ids_per_feature
+    )
+    if done is None:
+        return None
+    sig, arrays = done
+    batch, fmt = _feature_batch(arrays, manifest)
+    return sig, batch, fmt
+
+
+def _feature_batch(
+    done: tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]],
+    manifest: Manifest,
+) -> tuple[FeatureBatch, Format]:
+    """The native parser's arrays as the reference's ``FeatureBatch`` (lookup layers mapped) and format."""
     from gateway.features import FeatureBatch, SparseInput, map_lookups
 
     row, size, sparse_arrays, dense_arrays = done
@@ -304,3 +350,39 @@ def request_features(source: CheckedBody | bytes, manifest: Manifest) -> tuple[F
     dense = dict(zip((d.name for d in manifest.dense_features), dense_arrays, strict=True))
     batch = FeatureBatch(size=size, sparse=sparse, dense=dense)
     return map_lookups(batch, manifest), Format.ROW if row else Format.COLUMNAR
+
+
+# ---- the entry's PredictRequest bytes in one pass (native/src/entry.rs; reference schemas.wire) ---------------------
+
+
+def entry_request(
+    head: bytes, inputs: Sequence[tuple[str, int, Sequence[int], Sequence[np.ndarray]]]
+) -> bytes | None:
+    """A serialized ``PredictRequest`` written natively in one pass, or None when the native path is off (or the module
+    is a build without the writer).
+
+    ``head``: the serialized request's ``model_spec`` field; ``inputs``: per input, its name, ``DataType`` number,
+    shape and the parts of its ``tensor_content`` (C-contiguous little-endian arrays whose bytes are joined in order,
+    e.g. a table's rows as each PS shard answered them). The bytes equal ``schemas.wire.predict_request_for`` of the
+    joined arrays; each part is copied once, without the GIL."""
+    mod = _module()
+    if mod is None or path() != "native" or not hasattr(mod, "entry_request"):
+        return None
+    args = [
+        (name, dtype, list(shape), [np.frombuffer(np.ascontiguousarray(p), np.uint8) for p in parts])
+        for name, dtype, shape, parts in inputs
+    ]
+    wire: bytes = mod.entry_request(head, args)
+    return wire
+
+
+def plain_predict_request(raw: bytes) -> bool:
+    """Whether the serialized ``PredictRequest`` ``raw`` is *plain* (native/src/scan.rs, scanned without the GIL):
+    only the model spec, output filter and input tensors of numeric dtypes (shape, ``tensor_content`` or packed
+    values), well-formed, so that protobuf parses it in a few allocations and copies. False when the native path is
+    off (or the module is a build without the scan): the caller then treats the message as not plain."""
+    mod = _module()
+    if mod is None or path() != "native" or not hasattr(mod, "plain_predict_request"):
+        return False
+    plain: bool = mod.plain_predict_request(raw)
+    return plain

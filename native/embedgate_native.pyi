@@ -52,3 +52,17 @@ def checked_features(
 def body_features(
     body: bytes, layout: FeatureLayout
 ) -> tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]] | None: ...
+
+# native/src/rest_body.rs: an embedding model's REST body in one pass (limits + signature_name + features)
+def rest_features(
+    body: bytes, layout: FeatureLayout, max_depth: int, max_instances: int, max_ids: int
+) -> (
+    tuple[str, tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]]]
+    | None
+): ...
+
+# native/src/entry.rs: the entry's serialized PredictRequest in one pass
+def entry_request(head: bytes, inputs: list[tuple[str, int, list[int], list[np.ndarray]]]) -> bytes: ...
+
+# native/src/scan.rs: is a serialized PredictRequest plain (parsed in a few copies)?
+def plain_predict_request(raw: bytes) -> bool: ...

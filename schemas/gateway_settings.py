@@ -119,7 +119,14 @@ class AdmissionSettings(_Strict):
         "false: the limit is max_in_flight",
     )
     min_limit: int = Field(
-        4, ge=1, description="the adaptive limit never goes below this (nor above max_in_flight)"
+        4, ge=1, description="the limit while the minimum round trip is measured (never above max_in_flight)"
+    )
+    floor_limit: int = Field(
+        32,
+        ge=1,
+        description="the adapted limit never goes below this (nor below min_limit, nor above max_in_flight): under "
+        "CPU contention every round trip grows, and the gradient alone would hold the limit below the concurrency "
+        "the backends need to serve at capacity",
     )
     queue_timeout_s: float = Field(
         0.1,
@@ -153,6 +160,14 @@ class AdmissionSettings(_Strict):
     )
     min_rtt_samples: int = Field(
         24, ge=1, description="round trips at min_limit whose median is the minimum round trip"
+    )
+    max_measure_s: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="a measurement of the minimum round trip ends after this long with the samples it has (at least "
+        "one): under contention round trips are long, and the limit held at min_limit for min_rtt_samples of them "
+        "refused nearly everything for seconds",
     )
     switch_interval_s: float = Field(
         0.0005,

@@ -306,10 +306,10 @@ def _entry_request_for(
     batch: FeatureBatch,
     manifest: Manifest,
 ) -> bytes:
-    """The serialized entry request for ``manifest.entry.input_mode`` (:func:`gateway.embedding.entry_inputs`)."""
-    from gateway.embedding import entry_inputs
+    """The serialized entry request for ``manifest.entry.input_mode`` (:func:`gateway.embedding.entry_request`)."""
+    from gateway.embedding import entry_request
 
-    return predict_request_for(spec, entry_inputs(plan, shard_values, batch, manifest))
+    return entry_request(spec, plan, shard_values, batch, manifest)
 
 
 def _ndarray(t: tfs_pb2.TensorProto) -> np.ndarray:

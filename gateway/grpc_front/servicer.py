@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import grpc
 from google.protobuf.message import Message
 
+from gateway import native
 from gateway.core.requests import (
     ClassifyRequest,
     ClassifyResult,
@@ -303,10 +304,11 @@ class _Servicer:
     async def _parse(self, kind: type[_Req], raw: bytes) -> Parsed[_Req]:
         """``raw`` parsed and checked; a large one is first checked on a parse worker process when there are any
         (a message that does not parse or breaks a limit never holds this process's GIL), then parsed on a parse
-        thread."""
+        thread. A plain PredictRequest (``gateway.native.plain_predict_request``: numeric tensors only, well-formed,
+        so parsing it is a few copies) skips the worker: its check would cost more than the parse it guards."""
         s = self.rt.settings
         procs = parse_pool()
-        if procs is not None:
+        if procs is not None and not (kind is tfs_pb2.PredictRequest and native.plain_predict_request(raw)):
             await procs.acall(check_message, kind, raw, s.limits, s.max_body_bytes)
         return await offload(parse_message, kind, raw, s.limits, s.max_body_bytes)
 

@@ -52,6 +52,7 @@ __all__ = [
     "metadata_json",
     "parse_classify_regress",
     "parse_predict",
+    "parse_predict_embedding",
     "parse_predict_native",
     "predict_json",
     "regress_json",
@@ -73,11 +74,13 @@ class JsonInputs:
         fast: bool,
         body: bytes | None = None,
         checked: CheckedBody | None = None,
+        parsed: tuple[Manifest, FeatureBatch, jt.Format] | None = None,
     ) -> None:
         self._doc = doc
         self._fast = fast  # no JSON booleans in the body: numpy may build numeric tensors (json_tensor docs)
         self._body = body  # the raw body, for the native path (gateway.native); None: reference only
         self._checked = checked  # the body as the native check parsed it (gateway.native.check_predict)
+        self._parsed = parsed  # the batch the one native pass read for a manifest (parse_predict_embedding)
         self.format = jt.Format.ROW
 
     def tensors(self, dtypes: Mapping[str, int] | None) -> dict[str, tfs_pb2.TensorProto]:
@@ -98,6 +101,15 @@ class JsonInputs:
     def features(self, manifest: Manifest) -> FeatureBatch:
         from gateway.features import batch_from_columns, batch_from_instances
 
+        if self._parsed is not None:
+            parsed_for, batch, fmt = self._parsed
+            if parsed_for is manifest:
+                self.format = fmt
+                return batch
+            # served at another version's manifest: the body is checked; its features read again for this one
+            if (again := native.request_features(self._body or b"", manifest)) is not None:
+                batch, self.format = again
+                return batch
         if self._checked is not None:
             done = native.request_features(self._checked, manifest)
             self._checked = None  # declined: the reference reads the Python document
@@ -200,6 +212,21 @@ def parse_predict_native(
         return None
     sig, checked = done
     inputs = JsonInputs(None, fast=not jt.may_contain_bools(body), body=body, checked=checked)
+    return PredictRequest(name, spec, sig, inputs), inputs
+
+
+def parse_predict_embedding(
+    name: str, spec: VersionSpec, body: bytes, limits: LimitsSettings, manifest: Manifest
+) -> tuple[PredictRequest, JsonInputs] | None:
+    """:func:`parse_predict` of an embedding model's body in ONE native pass (``gateway.native.rest_batch``: JSON,
+    the limits, ``signature_name`` and the features of ``manifest``, the model's latest manifest, at once). None
+    when the native path is off or declines the body: then the usual path runs (``parse_document``, the features
+    later), which words every error."""
+    done = native.rest_batch(body, manifest, limits)
+    if done is None:
+        return None
+    sig, batch, fmt = done
+    inputs = JsonInputs(None, fast=False, body=body, parsed=(manifest, batch, fmt))
     return PredictRequest(name, spec, sig, inputs), inputs
 
 

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request, Response
 from starlette.requests import ClientDisconnect
 
 from gateway.codec.json_tensor import error_body
+from gateway.core.embedding import EmbeddingServable
 from gateway.core.gateway import Gateway
 from gateway.core.requests import ClassifyRequest, MetadataRequest, PredictRequest, StatusRequest, VersionSpec
 from gateway.errors import (
@@ -51,12 +52,14 @@ from gateway.routes.rest_codec import (
     metadata_json,
     parse_classify_regress,
     parse_predict,
+    parse_predict_embedding,
     parse_predict_native,
     predict_json,
     regress_json,
     status_json,
 )
 from schemas.gateway_settings import LimitsSettings
+from schemas.manifest import Manifest
 
 __all__ = ["DEGRADED_HEADER", "V1_PATH", "add_v1_routes", "handle_v1"]
 
@@ -259,21 +262,38 @@ def _parse_post(api: str, name: str, spec: VersionSpec, raw: bytes, limits: Limi
     return parse_classify_regress(api, name, spec, doc)
 
 
+def _embedding_manifest(gw: Gateway, name: str) -> Manifest | None:
+    """The latest manifest of model ``name`` when it is an embedding model (None: pass-through or unknown)."""
+    servable = gw.servables.get(name)
+    return servable.manifest if isinstance(servable, EmbeddingServable) else None
+
+
+async def _parse_large_or_inline(api: str, name: str, spec: VersionSpec, raw: bytes) -> Any:
+    """The typed request of a POST body: checked in a parse worker process when the body is large (this process's
+    GIL stays free), else by :func:`_parse_post` (inline, or on the parse threads)."""
+    procs = parse_pool()
+    if procs is None:
+        return await offload(_parse_post, api, name, spec, raw, current_limits())
+    checked = await procs.acall(check_post, api, name, spec, raw, current_limits())
+    if isinstance(checked, tuple):
+        sig, fast = checked
+        inputs = ProcessJsonInputs(raw, fast, procs)
+        return (PredictRequest(name, spec, sig, inputs), inputs)
+    return checked
+
+
 async def _post(
     gw: Gateway, api: str, name: str, spec: VersionSpec, raw: bytes, deadline: float
 ) -> tuple[bytes, int | None, str | None]:
-    """predict / classify / regress: the JSON answer, the version that answered, the degraded reason (or None)."""
-    procs = parse_pool()
-    if procs is not None:  # a large body, parse worker processes: this process's GIL stays free
-        checked = await procs.acall(check_post, api, name, spec, raw, current_limits())
-        if isinstance(checked, tuple):
-            sig, fast = checked
-            inputs = ProcessJsonInputs(raw, fast, procs)
-            parsed: Any = (PredictRequest(name, spec, sig, inputs), inputs)
-        else:
-            parsed = checked
-    else:
-        parsed = await offload(_parse_post, api, name, spec, raw, current_limits())
+    """predict / classify / regress: the JSON answer, the version that answered, the degraded reason (or None).
+
+    An embedding model's predict body is first tried in one native pass (:func:`parse_predict_embedding`, on the
+    parse threads when large: it releases the GIL); the parse worker processes and the reference take the rest."""
+    parsed: Any = None
+    if api == "predict" and (manifest := _embedding_manifest(gw, name)) is not None:
+        parsed = await offload(parse_predict_embedding, name, spec, raw, current_limits(), manifest)
+    if parsed is None:
+        parsed = await _parse_large_or_inline(api, name, spec, raw)
     del raw
     if api == "predict":
         req, inputs = parsed

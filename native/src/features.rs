@@ -16,18 +16,30 @@ use serde_json::{Map, Value};
 use crate::{as_double, CheckedBody};
 
 /// One sparse feature of the manifest: ids name, multi-valued, `max_ids` (None: no limit), weights name.
-struct Sparse {
-    name: String,
-    multi: bool,
-    max_ids: Option<usize>,
-    weights: Option<String>,
+pub(crate) struct Sparse {
+    pub(crate) name: String,
+    pub(crate) multi: bool,
+    pub(crate) max_ids: Option<usize>,
+    pub(crate) weights: Option<String>,
+}
+
+/// What a key of a row object or of `inputs` names: sparse feature k's ids or weights, or dense input k.
+#[derive(Clone, Copy)]
+pub(crate) enum Role {
+    Ids(usize),
+    Weights(usize),
+    Dense(usize),
 }
 
 /// A manifest's features in manifest order, built once per manifest by `gateway.native`.
 #[pyclass(frozen, module = "embedgate_native")]
-struct FeatureLayout {
-    sparse: Vec<Sparse>,
-    dense: Vec<(String, usize)>,
+pub(crate) struct FeatureLayout {
+    pub(crate) sparse: Vec<Sparse>,
+    pub(crate) dense: Vec<(String, usize)>,
+    /// Every key a feature may be sent under, in manifest order (ids, then its weights; then dense).
+    keys: Vec<(Vec<u8>, Role)>,
+    /// Two roles share a key: `rest_body` leaves such a manifest to the reference.
+    pub(crate) ambiguous: bool,
 }
 
 #[pymethods]
@@ -47,23 +59,59 @@ impl FeatureLayout {
                     Some(weights)
                 },
             })
-            .collect();
-        FeatureLayout { sparse, dense }
+            .collect::<Vec<Sparse>>();
+        let mut keys: Vec<(Vec<u8>, Role)> = Vec::new();
+        for (k, f) in sparse.iter().enumerate() {
+            keys.push((f.name.as_bytes().to_vec(), Role::Ids(k)));
+            if let Some(w) = &f.weights {
+                keys.push((w.as_bytes().to_vec(), Role::Weights(k)));
+            }
+        }
+        for (k, (name, _)) in dense.iter().enumerate() {
+            keys.push((name.as_bytes().to_vec(), Role::Dense(k)));
+        }
+        let mut names: Vec<&[u8]> = keys.iter().map(|(n, _)| n.as_slice()).collect();
+        names.sort_unstable();
+        let ambiguous = names.windows(2).any(|w| w[0] == w[1]);
+        FeatureLayout {
+            sparse,
+            dense,
+            keys,
+            ambiguous,
+        }
+    }
+}
+
+impl FeatureLayout {
+    /// The role of `key` and its position in `keys`, trying position `hint` first (keys usually come in the same
+    /// order in every example); None for an unknown key.
+    #[inline]
+    pub(crate) fn role(&self, key: &[u8], hint: usize) -> Option<(Role, usize)> {
+        if let Some((name, role)) = self.keys.get(hint) {
+            if name.as_slice() == key {
+                return Some((*role, hint));
+            }
+        }
+        let at = self
+            .keys
+            .iter()
+            .position(|(name, _)| name.as_slice() == key)?;
+        Some((self.keys[at].1, at))
     }
 }
 
 /// One sparse feature's CSR arrays; `weights` stays None until an example sends weights.
-struct SparseOut {
-    ids: Vec<i64>,
-    splits: Vec<i64>,
-    weights: Option<Vec<f32>>,
+pub(crate) struct SparseOut {
+    pub(crate) ids: Vec<i64>,
+    pub(crate) splits: Vec<i64>,
+    pub(crate) weights: Option<Vec<f32>>,
 }
 
-struct Parsed {
-    row: bool,
-    size: usize,
-    sparse: Vec<SparseOut>,
-    dense: Vec<Vec<f32>>,
+pub(crate) struct Parsed {
+    pub(crate) row: bool,
+    pub(crate) size: usize,
+    pub(crate) sparse: Vec<SparseOut>,
+    pub(crate) dense: Vec<Vec<f32>>,
 }
 
 /// The ids of one example's value: a single feature takes an id or a one-element list, a multi feature a list of
@@ -132,7 +180,7 @@ fn push_dense(value: &Value, dim: usize, out: &mut Vec<f32>) -> Option<()> {
 }
 
 impl FeatureLayout {
-    fn empty(&self, size: usize) -> (Vec<SparseOut>, Vec<Vec<f32>>) {
+    pub(crate) fn empty(&self, size: usize) -> (Vec<SparseOut>, Vec<Vec<f32>>) {
         let sparse = self
             .sparse
             .iter()
@@ -269,9 +317,9 @@ impl FeatureLayout {
 }
 
 /// `(row format?, size, [(ids, row_splits, weights or None)] in manifest order, [dense float32 [size, dim]])`.
-type Arrays<'py> = (bool, usize, Bound<'py, PyList>, Bound<'py, PyList>);
+pub(crate) type Arrays<'py> = (bool, usize, Bound<'py, PyList>, Bound<'py, PyList>);
 
-fn to_python<'py>(
+pub(crate) fn to_python<'py>(
     py: Python<'py>,
     layout: &FeatureLayout,
     parsed: Option<Parsed>,

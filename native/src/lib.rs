@@ -15,6 +15,9 @@ mod response;
 mod plan;
 mod pool;
 mod features;
+mod rest_body;
+mod entry;
+mod scan;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -414,5 +417,8 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     plan::register(m)?;
     pool::register(m)?;
     features::register(m)?;
+    rest_body::register(m)?;
+    entry::register(m)?;
+    scan::register(m)?;
     Ok(())
 }

@@ -74,3 +74,27 @@ def test_gzip_bomb_inflates_to_the_promised_zeros() -> None:
     bomb = gzip_bomb(4 * chunk, chunk)
     assert len(bomb) < 4 * chunk // 100  # a bomb: over 100x
     assert gzip.decompress(bomb) == bytes(4 * chunk)  # a valid member: CRC and size check out
+
+
+def test_descendants_finds_children_and_grandchildren() -> None:
+    """The overload class pins every process the benchmark started: found through /proc, however deep."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    if not Path("/proc/self/task").exists():
+        pytest.skip("no /proc")
+    code = "import subprocess; p = subprocess.Popen(['sleep', '30']); print(p.pid, flush=True); p.wait()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    grandchild = 0
+    try:
+        assert child.stdout is not None
+        grandchild = int(child.stdout.readline())
+        found = hostile._descendants(os.getpid())
+        assert child.pid in found and grandchild in found
+    finally:
+        if grandchild:
+            os.kill(grandchild, signal.SIGKILL)
+        child.kill()
+        child.communicate(timeout=30)  # closes its stdout

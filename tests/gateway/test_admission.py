@@ -28,6 +28,7 @@ class Clock:
 def _settings(**kw: object) -> AdmissionSettings:
     base: dict[str, object] = {
         "min_limit": 2,
+        "floor_limit": 2,  # the gradient rule alone (the floor has its own test)
         "sample_window_s": 1.0,
         "min_samples": 4,
         "rtt_tolerance": 0.5,
@@ -184,6 +185,68 @@ def test_min_limit_is_capped_by_max_in_flight() -> None:
     assert lim.min_limit == 1 and lim.limit == 1
 
 
+def test_contention_never_takes_the_limit_below_the_floor() -> None:
+    """Round trips far above the minimum in every window (the CPU shared with a flood being refused): the limit
+    halves window after window, but stops at ``floor_limit``; min_rtt is still measured at ``min_limit``."""
+    clock = Clock()
+    lim = _measured(clock, rtt=0.01, floor_limit=24)
+    assert lim.floor == 24
+    for _ in range(20):
+        for _ in range(4):
+            _round_trip(lim, clock, 1.0)  # 100x the minimum round trip
+        clock.now += 1.0
+    assert lim.limit == 24
+    assert lim.next_limit(30.0, 10.0) == 24  # 15 + sqrt(30) = 20.5, held at the floor
+    assert lim.next_limit(100.0, 10.0) == pytest.approx(50 + 10)  # above the floor the rule is unchanged
+    assert GradientLimit(100, _settings(floor_limit=24)).phase is Phase.UNMEASURED
+    _contend(lim)  # measured again later: held at min_limit (not the floor) while measuring
+    clock.now += 200.0
+    for _ in range(4):
+        _round_trip(lim, clock, 1.0)
+    assert lim.phase is Phase.MEASURING and lim.limit == 2
+
+
+def test_a_measurement_under_contention_ends_after_max_measure_s() -> None:
+    """Long round trips (a loaded machine): the limit is held at min_limit only until the first answer after
+    ``max_measure_s``, not for ``min_rtt_samples`` answers (which refused nearly everything for seconds)."""
+    clock = Clock()
+    lim = GradientLimit(100, _settings(min_rtt_samples=24, max_measure_s=1.0), clock)
+    _contend(lim)
+    assert lim.phase is Phase.MEASURING
+    _round_trip(lim, clock, 0.6)
+    assert lim.phase is Phase.MEASURING  # 0.6 s in: still measuring
+    _round_trip(lim, clock, 0.8)  # answered 1.4 s after the measurement started: it ends with two samples
+    assert lim.phase is Phase.ADAPTING and lim.min_rtt == pytest.approx(0.7) and lim.limit == 100
+
+
+def test_a_measurement_without_samples_keeps_the_last_min_rtt_after_max_measure_s() -> None:
+    """Measured again while every answer comes from requests admitted before (a backlog): no sample, but the
+    measurement still ends at the first answer after ``max_measure_s``, keeping the last ``min_rtt``."""
+    clock = Clock()
+    lim = _measured(clock, rtt=0.01, min_rtt_interval_s=5.0, max_measure_s=1.0)
+    held = 0
+    while lim.try_acquire():  # every slot taken now, answered later; the next request finds the limit full
+        held += 1
+    admitted = clock.now
+    assert held == 100
+    clock.now += 6.0
+    for _ in range(4):
+        lim.release(admitted)  # a window closes after the interval: measured again
+    assert lim.phase is Phase.MEASURING and lim.limit == 2
+    clock.now += 0.5
+    lim.release(admitted)  # admitted before the measurement: no sample, and only 0.5 s in
+    assert lim.phase is Phase.MEASURING
+    clock.now += 0.6
+    lim.release(admitted)  # 1.1 s in: it ends, min_rtt as before
+    assert lim.phase is Phase.ADAPTING and lim.min_rtt == pytest.approx(0.01) and lim.limit > 2
+
+
+def test_floor_is_between_min_limit_and_max_in_flight() -> None:
+    assert GradientLimit(100, _settings(min_limit=8, floor_limit=3)).floor == 8
+    assert GradientLimit(16, _settings(floor_limit=32)).floor == 16
+    assert GradientLimit(100, AdmissionSettings()).floor == 32  # the default
+
+
 # ---- the queue (one real event loop; outcomes only, no timing assertions) ---------------------------------------------
 
 
@@ -329,3 +392,31 @@ async def test_a_late_event_loop_sheds_new_requests_after_three_late_measurement
         with pytest.raises(asyncio.CancelledError):
             await watcher
     assert (metrics.registry.get_sample_value("embedgate_admission_loop_lag_seconds") or 0) >= 0.1
+
+
+class _ThreadsafeLoop:
+    """The one method of an event loop :meth:`Admission.refusal_from_thread` uses: records what it schedules."""
+
+    def __init__(self) -> None:
+        self.scheduled: list[object] = []
+
+    def call_soon_threadsafe(self, fn: object) -> None:
+        self.scheduled.append(fn)
+
+
+def test_refusals_from_another_thread_wake_the_loop_only_to_start_the_first_measurement() -> None:
+    metrics, clock, loop = Metrics(), Clock(), _ThreadsafeLoop()
+    adm = Admission(2, 429, 1, _settings(max_queue=0), metrics, clock)
+    assert adm.refusal_from_thread(loop) is None  # type: ignore[arg-type]  # room: nothing refused or scheduled
+    adm.acquire()
+    adm.acquire()
+    assert isinstance(adm.refusal_from_thread(loop), ResourceExhausted)  # type: ignore[arg-type]
+    assert len(loop.scheduled) == 1 and adm.policy.phase is Phase.UNMEASURED
+    fn = loop.scheduled[0]
+    assert callable(fn)
+    fn()  # the owner's loop runs it: the first measurement starts there
+    assert adm.policy.phase is Phase.MEASURING
+    for _ in range(10):
+        assert isinstance(adm.refusal_from_thread(loop), ResourceExhausted)  # type: ignore[arg-type]
+    assert len(loop.scheduled) == 1  # later refusals only mark the contention, with no wake-up
+    assert adm.policy._contended and _shed(metrics, "queue_full") == 11

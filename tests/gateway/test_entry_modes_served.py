@@ -8,15 +8,12 @@ padding on every path (issue 17 item 0: ``[5, 9, 13, 0, ...]`` averaged row 0 in
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 
@@ -28,6 +25,7 @@ from tests.gateway.entry_modes_model import (
     instances,
     keras_predictions,
 )
+from tests.support.predict import Kind, example_b64, post_predict, predictions
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +34,7 @@ MODES = {
     "modes_unique": ("unique_rows", "float32"),
     "modes_bf16": ("unique_rows", "bfloat16"),
 }
+_EMPTY_TAGS: dict[str, Kind] = {"tags": "int64", "tags_w": "float"}  # tags may be []
 BF16_TOLERANCE = 1e-2  # docs/export.md "Rows in reduced precision": absolute, on a sigmoid output
 
 
@@ -94,11 +93,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def _post(s: Served, model: str, body: dict[str, Any]) -> np.ndarray:
-    r = httpx.post(f"{s.url}/v1/models/{model}:predict", content=json.dumps(body), timeout=60)
-    assert r.status_code == 200, r.text
-    doc = r.json()
-    preds = doc["predictions"] if "predictions" in doc else doc["outputs"]
-    return np.asarray(preds, np.float64).reshape(-1)
+    return predictions(post_predict(s.url, model, body))
 
 
 def _check(s: Served, got: dict[str, np.ndarray]) -> None:
@@ -140,25 +135,8 @@ def test_rest_columns_equal_keras_in_every_mode(served: Served) -> None:
     _check(served, {m: _post(served, m, body) for m in MODES})
 
 
-def _example(inst: dict[str, Any]) -> str:
-    from schemas.proto import tfs_pb2
-
-    ex = tfs_pb2.Example()
-    f = ex.features.feature
-    f["user"].bytes_list.value.append(inst["user"].encode())
-    f["item"].int64_list.value.append(inst["item"])
-    f["words"].bytes_list.value.extend(w.encode() for w in inst["words"])
-    for c in ("mean", "sum", "sqrtn", "wmean"):
-        f[f"hist_{c}"].int64_list.value.extend(inst[f"hist_{c}"])
-    f["hist_wmean_w"].float_list.value.extend(inst["hist_wmean_w"])
-    f["tags"].int64_list.value.extend(inst["tags"])
-    f["tags_w"].float_list.value.extend(inst["tags_w"])
-    f["x"].float_list.value.extend(inst["x"])
-    return base64.b64encode(ex.SerializeToString()).decode()
-
-
 def test_rest_base64_examples_equal_keras_in_every_mode(served: Served) -> None:
-    body = {"instances": [{"b64": _example(inst)} for inst in served.instances]}
+    body = {"instances": [{"b64": example_b64(inst, _EMPTY_TAGS)} for inst in served.instances]}
     _check(served, {m: _post(served, m, body) for m in MODES})
 
 

@@ -15,18 +15,16 @@ import json
 import os
 import shutil
 import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 import yaml
 
 from tests.support.gateway import run_gateway
+from tests.support.predict import PredictLoop
 from tests.support.servers import serve_local
 
 pytestmark = pytest.mark.integration
@@ -37,59 +35,6 @@ _MAX_REQUESTS_PER_CLIENT = 2000
 _MAX_SECONDS = 240.0  # bound of the client loops (never reached unless something hangs)
 _WAIT_S = 120.0  # bound of each wait for a rollout step (generous: shared machine)
 _DEGRADED = "version_fallback"
-
-
-@dataclass
-class _Answer:
-    status: int
-    degraded: str | None
-    preds: np.ndarray | None
-    error: str
-
-
-@dataclass
-class _Clients:
-    """``_CLIENTS`` threads posting the same predict request in bounded loops; every answer recorded in order."""
-
-    url: str
-    body: bytes
-    answers: list[_Answer] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def run(self) -> None:
-        end = time.monotonic() + _MAX_SECONDS
-        with httpx.Client(timeout=60.0) as client:
-            for _ in range(_MAX_REQUESTS_PER_CLIENT):
-                if self.stop.is_set() or time.monotonic() > end:
-                    return
-                r = client.post(f"{self.url}/v1/models/{MODEL}:predict", content=self.body)
-                ok = r.status_code == 200
-                answer = _Answer(
-                    r.status_code,
-                    r.headers.get("X-Embedgate-Degraded"),
-                    np.asarray(r.json()["predictions"], dtype=np.float32).reshape(-1) if ok else None,
-                    "" if ok else r.text[:300],
-                )
-                with self._lock:
-                    self.answers.append(answer)
-
-    @property
-    def count(self) -> int:
-        with self._lock:
-            return len(self.answers)
-
-    def since(self, start: int) -> list[_Answer]:
-        with self._lock:
-            return self.answers[start:]
-
-    def wait_until(self, what: str, done: Callable[[], bool]) -> None:
-        end = time.monotonic() + _WAIT_S
-        while not done():
-            if time.monotonic() > end:
-                tail = [(a.status, a.degraded) for a in self.since(max(self.count - 10, 0))]
-                raise AssertionError(f"{what}: not within {_WAIT_S} s; last answers {tail}")
-            time.sleep(0.05)
 
 
 def _publish_version_dir(src: Path, dest: Path) -> None:
@@ -141,12 +86,13 @@ def test_full_reexport_under_concurrent_predicts_loses_no_request(
 
     model_dir, url = stack
     n = demo_artifacts.manifest.num_shards
-    clients = _Clients(url, json.dumps({"instances": demo_artifacts.instances}).encode())
+    body = json.dumps({"instances": demo_artifacts.instances}).encode()
+    clients = PredictLoop(url, MODEL, body, _MAX_REQUESTS_PER_CLIENT, _MAX_SECONDS)
     threads = [threading.Thread(target=clients.run, name=f"predict-{i}") for i in range(_CLIENTS)]
     for t in threads:
         t.start()
     try:
-        clients.wait_until("answers at version 1", lambda: clients.count >= 4 * _CLIENTS)
+        clients.wait_until("answers at version 1", lambda: clients.count >= 4 * _CLIENTS, _WAIT_S)
 
         # entry/2 first: once serve-local serves it, the shards still serve only PS 1 -> the gateway keeps the
         # complete pair (entry 1, PS 1), pinning entry 1 explicitly, marked degraded.
@@ -155,6 +101,7 @@ def test_full_reexport_under_concurrent_predicts_loses_no_request(
         clients.wait_until(
             "a degraded answer (entry 2 served, PS 2 not yet)",
             lambda: any(a.degraded == _DEGRADED for a in clients.since(start)),
+            _WAIT_S,
         )
 
         # Then every PS shard's version 2 and the manifest: the gateway moves to (entry 2, PS 2), not degraded.
@@ -165,6 +112,7 @@ def test_full_reexport_under_concurrent_predicts_loses_no_request(
         clients.wait_until(
             "10 answers at version 2 (not degraded)",
             lambda: sum(a.status == 200 and a.degraded is None for a in clients.since(switched)) >= 10,
+            _WAIT_S,
         )
     finally:
         clients.stop.set()

@@ -6,7 +6,6 @@ and integers over REST (row JSON, columnar JSON, base64 tf.Example). The gateway
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import pytest
 
 from gateway.lookup_mapping import HashInput, LookupKind, load_lookups
 from schemas.manifest import Manifest
+from tests.support.predict import example_b64, post_predict, predictions
 
 pytestmark = pytest.mark.integration
 
@@ -120,13 +120,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def _post(s: Served, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{s.url}/v1/models/{_MODEL}:predict", content=json.dumps(body), timeout=30)
+    return post_predict(s.url, _MODEL, body, timeout=30)
 
 
 def _ctr(r: httpx.Response) -> np.ndarray:
-    assert r.status_code == 200, r.text
-    preds = r.json()["predictions"]
-    return np.asarray([p["ctr"] if isinstance(p, dict) else p for p in preds], np.float32).reshape(-1)
+    return predictions(r, output="ctr")
 
 
 def test_export_keys_the_tables_by_bin(served: Served) -> None:
@@ -161,20 +159,8 @@ def test_rest_columns_equal_keras(served: Served) -> None:
     np.testing.assert_allclose(got, served.want, rtol=1e-5, atol=1e-6)
 
 
-def _example(inst: dict[str, Any]) -> str:
-    from schemas.proto import tfs_pb2
-
-    ex = tfs_pb2.Example()
-    f = ex.features.feature
-    f["tag"].bytes_list.value.append(inst["tag"].encode())
-    f["item"].int64_list.value.append(inst["item"])
-    f["words"].bytes_list.value.extend(w.encode() for w in inst["words"])
-    f["x"].float_list.value.extend(inst["x"])
-    return base64.b64encode(ex.SerializeToString()).decode()
-
-
 def test_rest_base64_examples_equal_keras(served: Served) -> None:
-    body = {"instances": [{"b64": _example(inst)} for inst in served.instances]}
+    body = {"instances": [{"b64": example_b64(inst)} for inst in served.instances]}
     got = _ctr(_post(served, body))
     np.testing.assert_allclose(got, served.want, rtol=1e-5, atol=1e-6)
 

@@ -19,6 +19,7 @@ import pytest
 
 from schemas.manifest import Manifest
 from tests.export.test_standard_models import GENRES, MOVIES, TWO_TOWER_DECL, USERS, _two_tower
+from tests.support.predict import example_b64, post_predict, predictions
 
 pytestmark = pytest.mark.integration
 
@@ -79,13 +80,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def _post(s: Served, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{s.url}/v1/models/{_MODEL}:predict", content=json.dumps(body), timeout=30)
+    return post_predict(s.url, _MODEL, body, timeout=30)
 
 
 def _ctr(r: httpx.Response) -> np.ndarray:
-    assert r.status_code == 200, r.text
-    preds = r.json()["predictions"]
-    return np.asarray([p["ctr"] if isinstance(p, dict) else p for p in preds], np.float32).reshape(-1)
+    return predictions(r, output="ctr")
 
 
 def test_rest_rows_of_raw_strings_and_ids_equal_keras(served: Served) -> None:
@@ -101,24 +100,10 @@ def test_rest_columns_equal_keras(served: Served) -> None:
     np.testing.assert_allclose(got, served.want, rtol=1e-5, atol=1e-6)
 
 
-def _example(inst: dict[str, Any]) -> str:
-    from schemas.proto import tfs_pb2
-
-    ex = tfs_pb2.Example()
-    f = ex.features.feature
-    f["user_id"].bytes_list.value.append(inst["user_id"].encode())
-    f["movie_id"].int64_list.value.append(inst["movie_id"])
-    f["history"].int64_list.value.extend(inst["history"])
-    f["tags"].int64_list.value.extend(inst["tags"])
-    f["tags_w"].float_list.value.extend(inst["tags_w"])
-    f["age"].float_list.value.extend(inst["age"])
-    f["genres"].bytes_list.value.extend(g.encode() for g in inst["genres"])
-    f["label"].float_list.value.append(1.0)  # not read by the model: ignored, as TF's parsing does
-    return base64.b64encode(ex.SerializeToString()).decode()
-
-
 def test_rest_base64_examples_with_bytes_lists_equal_keras(served: Served) -> None:
-    body = {"instances": [{"b64": _example(inst)} for inst in served.instances]}
+    # "label": not read by the model, so ignored, as TF's parsing does
+    labelled = [{**inst, "label": 1.0} for inst in served.instances]
+    body = {"instances": [{"b64": example_b64(inst)} for inst in labelled]}
     got = _ctr(_post(served, body))
     np.testing.assert_allclose(got, served.want, rtol=1e-5, atol=1e-6)
 
@@ -221,11 +206,11 @@ def test_rest_wrong_value_types_are_400_naming_feature_and_example(
 def test_rest_example_with_int64_list_for_a_string_feature_is_400(served: Served) -> None:
     from schemas.proto import tfs_pb2
 
-    ex = tfs_pb2.Example.FromString(base64.b64decode(_example(served.instances[0])))
+    ex = tfs_pb2.Example.FromString(base64.b64decode(example_b64(served.instances[0])))
     ex.features.feature["user_id"].int64_list.value.append(3)
     body = {
         "instances": [
-            {"b64": _example(served.instances[0])},
+            {"b64": example_b64(served.instances[0])},
             {"b64": base64.b64encode(ex.SerializeToString()).decode()},
         ]
     }

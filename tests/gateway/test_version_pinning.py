@@ -28,6 +28,7 @@ import yaml
 from tests.gateway.conftest import app_client
 from tests.support.gateway import run_gateway
 from tests.support.ports import free_port
+from tests.support.predict import Answer, PredictLoop
 from tests.support.servers import serve_local
 
 pytestmark = pytest.mark.integration
@@ -145,40 +146,12 @@ def _with_tags(instance: dict[str, Any], n: int) -> dict[str, Any]:
 # ---- rollout while requests stream ------------------------------------------------------------------------------
 
 
-@dataclass
-class _Stream:
-    """A bounded loop of predict requests in a thread; records which version each answer equals."""
-
-    url: str
-    body: bytes
-    versions: Versions
-    seen: list[str] = field(
-        default_factory=list
-    )  # "v1" / "v2" / "mix" (+ " degraded=<reason>") or "http <status>"
-    errors: list[str] = field(default_factory=list)  # the error answers' bodies
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        end = time.monotonic() + _STREAM_MAX_SECONDS
-        with httpx.Client(timeout=30.0) as client:
-            for _ in range(_STREAM_MAX_REQUESTS):
-                if self.stop.is_set() or time.monotonic() > end:
-                    return
-                r = client.post(f"{self.url}/v1/models/{MODEL}:predict", content=self.body)
-                if r.status_code == 200:
-                    degraded = r.headers.get("X-Embedgate-Degraded")
-                    which = _which(_preds(r.json()), self.versions)
-                    self.seen.append(which if degraded is None else f"{which} degraded={degraded}")
-                else:
-                    self.seen.append(f"http {r.status_code}")
-                    self.errors.append(r.json().get("error", r.text))
-
-    def wait_for(self, what: str, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while what not in self.seen:
-            if time.monotonic() > end or self.stop.is_set():
-                raise AssertionError(f"no {what} answer within {timeout} s; answers: {self.seen[-20:]}")
-            time.sleep(0.05)
+def _label(a: Answer, v: Versions) -> str:
+    """ "v1" / "v2" / "mix" (+ " degraded=<reason>") for a 200, "http <status>" for anything else."""
+    if a.preds is None:
+        return f"http {a.status}"
+    which = _which(a.preds, v)
+    return which if a.degraded is None else f"{which} degraded={a.degraded}"
 
 
 _NO_COMMON_VERSION = re.compile(
@@ -237,22 +210,29 @@ def test_rollout_answers_are_all_v1_or_all_v2_and_v2_manifest_is_used(
     r = httpx.post(f"{url}/v1/models/{MODEL}:predict", content=many_tags, timeout=30)
     assert r.status_code == 400 and "more than max_ids 8" in r.text, r.text  # v1's manifest
 
-    stream = _Stream(url, json.dumps({"instances": instances}).encode(), versions)
+    stream = PredictLoop(
+        url, MODEL, json.dumps({"instances": instances}).encode(), _STREAM_MAX_REQUESTS, _STREAM_MAX_SECONDS
+    )
     thread = threading.Thread(target=stream.run, name="predict-stream")
     thread.start()
+
+    def labels() -> list[str]:
+        return [_label(a, versions) for a in stream.since(0)]
+
     try:
-        stream.wait_for("v1", 60.0)
+        stream.wait_until("a v1 answer", lambda: "v1" in labels(), 60.0)
         export_v2(demo_artifacts, model_dir.parent, versions.v2_user_table)
-        stream.wait_for("v2", _SWITCH_TIMEOUT)
-        settled = len(stream.seen)
+        stream.wait_until("a v2 answer", lambda: "v2" in labels(), _SWITCH_TIMEOUT)
+        settled = stream.count
         end = time.monotonic() + 60.0
-        while len(stream.seen) < settled + 20 and time.monotonic() < end:  # some answers after the switch
+        while stream.count < settled + 20 and time.monotonic() < end:  # some answers after the switch
             time.sleep(0.05)
     finally:
         stream.stop.set()
         thread.join(timeout=60)
     assert not thread.is_alive()
-    seen = stream.seen
+    seen = labels()
+    errors = [a.error for a in stream.answers if a.status != 200]
     # Never a mix; v1 only until v2 is served everywhere, then v2 only (a request keeps one version).
     assert "mix" not in " ".join(seen), seen
     first_v2 = seen.index("v2")
@@ -261,11 +241,11 @@ def test_rollout_answers_are_all_v1_or_all_v2_and_v2_manifest_is_used(
     if policy == "latest":
         # Each servable swaps on its own: while the entry serves only v2 and a shard only v1, no version is served
         # everywhere -> a retriable 503 naming the versions (never a mixed answer).
-        assert all(_NO_COMMON_VERSION.fullmatch(e) for e in stream.errors), stream.errors[:3]
+        assert all(_NO_COMMON_VERSION.fullmatch(e) for e in errors), errors[:3]
     else:
         # v1 stays served everywhere until v2 is: no errors; the answers in between are v1, marked degraded when
         # the entry already served v2.
-        assert not stream.errors, stream.errors[:3]
+        assert not errors, errors[:3]
         assert set(seen[:first_v2]) <= {"v1", "v1 degraded=version_fallback"}, seen[:first_v2]
 
     # After the switch the gateway parses with v2's manifest (10 tags allowed) and counts the reload.

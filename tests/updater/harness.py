@@ -1,22 +1,36 @@
 """Shared pieces of the updater's integration tests: settings for a test, the updater running in the test's event
-loop, and a bounded async poll."""
+loop, a bounded async poll, and the demo row a test publishes to move one prediction."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import gc
+import json
 import time
 from asyncio import sslproto
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
+import httpx
+import numpy as np
+
+from schemas.manifest import FeatureKind, Manifest, SparseFeatureSpec, TableSpec
 from schemas.updater_settings import UpdaterSettings
 from tests.support.kafka import Broker
 from tests.updater.conftest import PsCluster
 from updater.consumer import Updater
 
-__all__ = ["eventually", "running", "tls_closes_settled", "updater_settings"]
+__all__ = [
+    "DemoRow",
+    "demo_row",
+    "eventually",
+    "predict_one",
+    "running",
+    "tls_closes_settled",
+    "updater_settings",
+]
 
 
 def updater_settings(kafka: Broker, cluster: PsCluster | None, name: str, **over: Any) -> dict[str, Any]:
@@ -97,3 +111,34 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout_s} s")
         await asyncio.sleep(0.2)
+
+
+@dataclass(frozen=True)
+class DemoRow:
+    """The row a test publishes to move one prediction: the demo's first single-id feature, its table, the demo's
+    first instance and the id that instance sends for the feature."""
+
+    manifest: Manifest
+    feature: SparseFeatureSpec
+    table: TableSpec
+    instance: dict[str, Any]
+    the_id: int
+
+
+def demo_row(demo_artifacts: Any) -> DemoRow:
+    manifest: Manifest = demo_artifacts.manifest
+    feature = next(f for f in manifest.sparse_features if f.kind is FeatureKind.SINGLE)
+    instance = dict(demo_artifacts.instances[0])
+    raw_id = instance[feature.name]
+    the_id = int(raw_id[0] if isinstance(raw_id, list) else raw_id)
+    return DemoRow(manifest, feature, manifest.table(feature.table), instance, the_id)
+
+
+async def predict_one(client: httpx.AsyncClient, url: str, instance: dict[str, Any]) -> np.ndarray:
+    """The prediction (its first output, flat float64) of ``instance`` alone, posted to the REST predict ``url``."""
+    r = await client.post(url, content=json.dumps({"instances": [instance]}))
+    assert r.status_code == 200, r.text
+    pred = r.json()["predictions"][0]
+    if isinstance(pred, dict):
+        pred = next(iter(pred.values()))
+    return np.asarray(pred, dtype=np.float64).reshape(-1)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import time
 from pathlib import Path
@@ -20,21 +19,11 @@ import numpy as np
 import pytest
 import yaml
 
-from schemas.manifest import FeatureKind
 from tests.support.kafka import Broker
-from tests.updater.harness import running, updater_settings
+from tests.updater.harness import demo_row, predict_one, running, updater_settings
 from updater.producer import DeltaPublisher
 
 pytestmark = pytest.mark.integration
-
-
-async def _predict(client: httpx.AsyncClient, url: str, instance: dict[str, Any]) -> np.ndarray:
-    r = await client.post(url, content=json.dumps({"instances": [instance]}))
-    assert r.status_code == 200, r.text
-    pred = r.json()["predictions"][0]
-    if isinstance(pred, dict):
-        pred = next(iter(pred.values()))
-    return np.asarray(pred, dtype=np.float64).reshape(-1)
 
 
 async def _metric(client: httpx.AsyncClient, base: str, name: str) -> float:
@@ -61,14 +50,10 @@ async def test_cached_row_reflects_a_published_delta_on_the_next_predict(
     from tests.support.servers import serve_local
     from tests.support.stack import embedding_model, exported_backends
 
-    manifest = demo_artifacts.manifest
+    row = demo_row(demo_artifacts)
+    manifest, table, instance, the_id = row.manifest, row.table, row.instance, row.the_id
     name = manifest.model_name
     served = exported_backends(demo_artifacts.model_dir)
-    feature = next(f for f in manifest.sparse_features if f.kind is FeatureKind.SINGLE)
-    table = manifest.table(feature.table)
-    instance = dict(demo_artifacts.instances[0])
-    raw_id = instance[feature.name]
-    the_id = int(raw_id[0] if isinstance(raw_id, list) else raw_id)
 
     with contextlib.ExitStack() as stack:
         server = await asyncio.to_thread(stack.enter_context, serve_local(served))
@@ -94,9 +79,9 @@ async def test_cached_row_reflects_a_published_delta_on_the_next_predict(
                 return bool(doc.get("cache", {}).get("models", {}).get(name, {}).get("serving"))
 
             await _until("the gateway's cache serves (stream caught up)", serving)
-            before = await _predict(client, url, instance)
+            before = await predict_one(client, url, instance)
             hits_before = await _metric(client, gw.url, "embedgate_cache_hits_total")
-            again = await _predict(client, url, instance)
+            again = await predict_one(client, url, instance)
             np.testing.assert_allclose(again, before)
             assert await _metric(client, gw.url, "embedgate_cache_hits_total") > hits_before, (
                 "second predict missed"
@@ -110,7 +95,7 @@ async def test_cached_row_reflects_a_published_delta_on_the_next_predict(
                 return await _metric(client, gw.url, "embedgate_cache_deltas_total") > applied
 
             await _until("the gateway's stream consumer saw the delta", seen)
-            after = await _predict(client, url, instance)  # the very next predict, no retry
+            after = await predict_one(client, url, instance)  # the very next predict, no retry
             assert not np.allclose(after, before), (
                 "a cached row did not reflect the delta the gateway had seen"
             )

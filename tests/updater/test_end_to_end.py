@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -18,21 +17,11 @@ import numpy as np
 import pytest
 import yaml
 
-from schemas.manifest import FeatureKind
 from tests.support.kafka import Broker
-from tests.updater.harness import running, updater_settings
+from tests.updater.harness import demo_row, predict_one, running, updater_settings
 from updater.producer import DeltaPublisher
 
 pytestmark = pytest.mark.integration
-
-
-async def _predict(client: httpx.AsyncClient, url: str, instance: dict[str, Any]) -> np.ndarray:
-    r = await client.post(url, content=json.dumps({"instances": [instance]}))
-    assert r.status_code == 200, r.text
-    pred = r.json()["predictions"][0]
-    if isinstance(pred, dict):
-        pred = next(iter(pred.values()))
-    return np.asarray(pred, dtype=np.float64).reshape(-1)
 
 
 async def test_published_embedding_changes_gateway_prediction(
@@ -42,14 +31,10 @@ async def test_published_embedding_changes_gateway_prediction(
     from tests.support.servers import serve_local
     from tests.support.stack import embedding_model, exported_backends
 
-    manifest = demo_artifacts.manifest
+    row = demo_row(demo_artifacts)
+    manifest, table, instance, the_id = row.manifest, row.table, row.instance, row.the_id
     name = manifest.model_name
     served = exported_backends(demo_artifacts.model_dir)
-    feature = next(f for f in manifest.sparse_features if f.kind is FeatureKind.SINGLE)
-    table = manifest.table(feature.table)
-    instance = dict(demo_artifacts.instances[0])
-    raw_id = instance[feature.name]
-    the_id = int(raw_id[0] if isinstance(raw_id, list) else raw_id)
 
     with contextlib.ExitStack() as stack:
         server = await asyncio.to_thread(stack.enter_context, serve_local(served))
@@ -62,15 +47,15 @@ async def test_published_embedding_changes_gateway_prediction(
         url = f"{gw.url}/v1/models/{name}:predict"
         s = updater_settings(kafka, None, unique, models=[model])  # type: ignore[arg-type]
         async with httpx.AsyncClient(timeout=10) as client, running(s):
-            before = await _predict(client, url, instance)
+            before = await predict_one(client, url, instance)
             async with DeltaPublisher(kafka.bootstrap, topic=s["topics"][0]) as pub:
                 await pub.publish(manifest, table.name, [the_id], np.full((1, table.dim), 3.0, np.float32))
             deadline = time.monotonic() + 20
             after = before
             while np.allclose(after, before) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-                after = await _predict(client, url, instance)
+                after = await predict_one(client, url, instance)
         # no wall-clock bound here (shared machines): freshness is measured by benchmarks.updater_bench
         assert not np.allclose(after, before), (
-            f"prediction did not change within 20 s of publishing {feature.table}[{the_id}]"
+            f"prediction did not change within 20 s of publishing {table.name}[{the_id}]"
         )

@@ -24,13 +24,20 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from schemas.manifest import FeatureKind, ps_model_name
+from schemas.manifest import ps_model_name
 from schemas.partition import shard_for
 from schemas.tls import KafkaSecurity, TLSFileError
 from tests.support.certs import TlsFiles, client_context, make_certs, ssl_config_text
 from tests.support.kafka import Broker, SecureListener, kafka_broker
 from tests.updater.conftest import PsCluster
-from tests.updater.harness import eventually, running, tls_closes_settled, updater_settings
+from tests.updater.harness import (
+    demo_row,
+    eventually,
+    predict_one,
+    running,
+    tls_closes_settled,
+    updater_settings,
+)
 from tests.updater.psmodel import lookup
 from updater.kafka_security import client_kwargs
 from updater.producer import DeltaPublisher
@@ -303,14 +310,10 @@ async def test_secured_write_path_end_to_end(
     from tests.support.servers import serve_local
     from tests.support.stack import embedding_model, exported_backends
 
-    manifest = demo_artifacts.manifest
+    row = demo_row(demo_artifacts)
+    manifest, table, instance, the_id = row.manifest, row.table, row.instance, row.the_id
     name = manifest.model_name
     served = exported_backends(demo_artifacts.model_dir)
-    feature = next(f for f in manifest.sparse_features if f.kind is FeatureKind.SINGLE)
-    table = manifest.table(feature.table)
-    instance = dict(demo_artifacts.instances[0])
-    raw_id = instance[feature.name]
-    the_id = int(raw_id[0] if isinstance(raw_id, list) else raw_id)
     ssl_file = tmp_path / "ssl.config"
     ssl_file.write_text(ssl_config_text(certs, client_verify=True), encoding="utf-8")
     creds = grpc.ssl_channel_credentials(
@@ -356,16 +359,7 @@ async def test_secured_write_path_end_to_end(
         s.update(_security(certs, "SCRAM-SHA-256"), backend_tls=backend_tls)
         security = KafkaSecurity.model_validate(_security(certs, "SCRAM-SHA-512", TRAINER, TRAINER_PW))
         async with httpx.AsyncClient(verify=client_context(certs), timeout=10) as client, running(s):
-
-            async def predict() -> np.ndarray:
-                r = await client.post(url, content=json.dumps({"instances": [instance]}))
-                assert r.status_code == 200, r.text
-                pred = r.json()["predictions"][0]
-                if isinstance(pred, dict):
-                    pred = next(iter(pred.values()))
-                return np.asarray(pred, dtype=np.float64).reshape(-1)
-
-            before = await predict()
+            before = await predict_one(client, url, instance)
             async with DeltaPublisher(
                 sasl_kafka.secure_bootstrap, topic=s["topics"][0], security=security
             ) as pub:
@@ -374,7 +368,7 @@ async def test_secured_write_path_end_to_end(
 
             async def changed() -> bool:
                 nonlocal after
-                after = await predict()
+                after = await predict_one(client, url, instance)
                 return not np.allclose(after, before)
 
             await eventually(changed, 30, f"prediction change after publishing {table.name}[{the_id}]")
