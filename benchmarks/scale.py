@@ -33,7 +33,8 @@ as its own process. Per step:
 6. **RSS after rewrite** and **direct upsert rows/s**: every row written once more by direct ``upsert_t`` calls of
    about 16 384 rows (as the updater writes; shards concurrently, one call at a time per shard), timed (rows / wall
    time: the PS's own write rate at this size, without Kafka), then serve-local's RSS again (the PS now holds a
-   version per row: the figure to size a PS host by).
+   version per row: the figure to size a PS host by), read 3 s after the last write (serve-local returns freed
+   malloc memory to the OS every 2 s, docs/serve-local.md "Memory").
 7. **replay after a replica restart**: serve-local stopped and started again on the same port (the exported rows
    again, no stream position); the updater notices and replays the topic (the ``--updater-rows`` rows) into it.
    Time from the restart (the new process started) until a sample of the published ids (every 97th and the last
@@ -80,6 +81,7 @@ _BIG = 16_000_000
 _BIG_NEEDS_GB = 14.0
 _WAIT_S = 900.0
 _QUICK_ROWS = "100000,200000,400000"
+_SETTLE_S = 3.0  # after the rewrite, before its RSS: more than serve-local's malloc trim interval
 
 MEASURES: dict[str, tuple[str, str]] = {  # key -> (column title, unit)
     "export_s": ("export", "s"),
@@ -452,6 +454,9 @@ def _step(
         asyncio.run(measure())
         from tests.support.stack import rss_bytes
 
+        time.sleep(
+            _SETTLE_S
+        )  # serve-local returns freed malloc memory every 2 s (docs/serve-local.md "Memory")
         out["rss_rewritten_mb"] = (rss_bytes(server.proc.pid) - base["rss"]) / 1e6
         out["rewritten_x_raw"] = out["rss_rewritten_mb"] / raw_mb if raw_mb else float("nan")
         print(f"[{name}] rewritten: {out['rss_rewritten_mb']:.0f} MB; restarting the replica", flush=True)

@@ -8,10 +8,13 @@ Per table ``t`` (checkpoint names in brackets; all core TF, restored by the TF1 
   has exactly its rows' capacity;
 * ``keys/<t>``: int64 ``[n]``, the exported ids, sorted; the exported row of ``keys[i]`` is in slot ``i``, found by
   binary search (``searchsorted``): 8 bytes per exported row, no hash table;
-* ``overlay/<t>``: ``DenseHashTable`` int64 id -> int64 slot for what changed since the export: the slot of an id
-  written later, or -2 for a deleted exported id (open addressing, 16 bytes per bucket; only changed ids pay). Ids
+* ``overlay/<t>``: ``DenseHashTable`` int64 id -> int64 reference for what changed since the export: the slot of an
+  id written later with its allocation's generation in the high 32 bits (``slot | generation << 32``), or -2 for a
+  deleted exported id (open addressing, 16 bytes per bucket; only changed ids pay). Ids
   2**63 - 1 and 2**63 - 2 are its sentinels: they look up to the default row and writes of them are ignored (the
   largest int64, not the smallest: -2**63 is the OOV key of lookup-layer tables, gateway.lookup_mapping.OOV_KEY);
+* ``owners/<t>``: int32 ``[capacity]``, parallel to the slab: the generation of the allocation that gave each slot
+  its current id (exported slots: 0); ``generation/<t>``: int64, the allocations made so far (4 bytes a row);
 * ``row_versions/<t>``: int64 ``[capacity, 2]``, parallel to the slab: the version (timestamp ms, seq) of each slot's
   row; exported rows have (-1, -1);
 * ``tombstones/<t>``: ``DenseHashTable`` int64 id -> int64[2], the version of each id's latest delete (only ids
@@ -24,9 +27,16 @@ Per table ``t`` (checkpoint names in brackets; all core TF, restored by the TF1 
 * ``written/<t>`` (tables with ``ttl_s`` only): int64 ``[capacity]``, the timestamp (ms) of the write that set each
   slot's row (exported rows: the export time), read by the ``expire`` signature.
 
-Every signature that reads or writes slots runs under one mutex per shard (``MutexV2``/``MutexLock``, core ops): a
-write is a read-modify-write over several variables, and a lookup must not read a slot while a delete frees it and an
-upsert reuses it. ``row_count`` and ``stream_position`` read one hash table each, which locks itself.
+Every write signature runs under one mutex per shard (``MutexV2``/``MutexLock``, core ops): a write is a
+read-modify-write over several variables. ``lookup`` takes no lock (a ``MutexLock`` is a hop to the mutex's own
+thread, the largest cost of a lookup on a busy host): it resolves each id to a reference (slot, generation), gathers
+the slot's row, *then* the slot's owner generation, and answers the default row unless the two generations agree.
+A write that gives a slot to another id writes the slot's new generation first, then the row, then the overlay entry
+(control dependencies; every variable op holds the variable's lock). So a row a lookup returns was written for its id:
+a lookup that read the row after a reuse of the slot reads the new generation after it, and generations are unique
+(a 31-bit counter: a lookup would have to overlap 2**31 allocations to be fooled). A lookup overlapping a delete of
+its id answers the old row or the default row, and one overlapping an upsert the old or the new row, as under a lock.
+``row_count`` and ``stream_position`` read one hash table or variable each, which locks itself.
 Semantics and signatures are those of :mod:`embedgate.export.ps` (the module docstring there and
 :mod:`schemas.manifest`).
 """
@@ -65,6 +75,9 @@ _LOCK_NAME = "embedgate_ps_lock"
 _MAX_SEQ = int(np.iinfo(np.int64).max)
 _FLOAT16_MAX = 65504.0
 _HIDDEN = -2  # overlay value of a deleted exported id
+_SLOT_BITS = 32  # a reference is slot | generation << 32
+_SLOT_MASK = (1 << _SLOT_BITS) - 1
+_GENERATIONS = (1 << 31) - 1  # generations cycle through 1 .. 2**31 - 1 (0: exported slots)
 
 
 def write_slab_shard(
@@ -81,12 +94,28 @@ def write_slab_shard(
     the two reserved sentinels."""
     import tensorflow as tf
 
+    module = _module(tables, rows, stream_cut=stream_cut, written_ms=written_ms)
+    tf.saved_model.save(module, str(path), signatures=_signatures(module, tables))
+
+
+def _module(
+    tables: Sequence[TableSpec],
+    rows: Mapping[str, Rows],
+    *,
+    stream_cut: Mapping[str, int] | None = None,
+    written_ms: int = 0,
+) -> Any:
+    """The ``tf.Module`` of one shard (variables and hash tables, arguments as :func:`write_slab_shard`)."""
+    import tensorflow as tf
+
     module = tf.Module()
     for attr in (
         "slabs",
         "keys",
         "overlay",
         "row_versions",
+        "owners",
+        "generation",
         "tombstones",
         "free",
         "free_count",
@@ -101,6 +130,10 @@ def write_slab_shard(
         ids, values = rows.get(t, (np.zeros(0, np.int64), np.zeros((0, spec.dim), np.float32)))
         ids = np.asarray(ids, np.int64)
         n = len(ids)
+        if n > _SLOT_MASK:
+            raise ValueError(
+                f"table {t!r}: {n} rows in one shard; the slab layout holds at most {_SLOT_MASK}"
+            )
         if n and int(np.max(ids)) >= DELETED_KEY:
             raise ValueError(
                 f"table {t!r}: ids {EMPTY_KEY} and {DELETED_KEY} are reserved by the slab layout"
@@ -131,6 +164,10 @@ def write_slab_shard(
         module.row_versions[t] = tf.Variable(
             tf.fill([cap, 2], tf.constant(-1, tf.int64)), shape=tf.TensorShape(None), name=f"ps_versions_{t}"
         )
+        module.owners[t] = tf.Variable(
+            tf.zeros([cap], tf.int32), shape=tf.TensorShape(None), name=f"ps_owners_{t}"
+        )
+        module.generation[t] = tf.Variable(tf.constant(0, tf.int64), name=f"ps_generation_{t}")
         module.tombstones[t] = _dense_table(tf.constant([-1, -1], tf.int64), f"ps_tombstones_{t}")
         module.free[t] = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape(None), name=f"ps_free_{t}")
         module.free_count[t] = tf.Variable(tf.constant(0, tf.int64), name=f"ps_free_count_{t}")
@@ -148,7 +185,7 @@ def write_slab_shard(
         if cut:
             positions.insert(tf.constant(list(cut), tf.string), tf.constant(list(cut.values()), tf.int64))
         module.positions[t] = positions
-    tf.saved_model.save(module, str(path), signatures=_signatures(module, tables))
+    return module
 
 
 def _dense_table(default: Any, name: str) -> Any:
@@ -179,7 +216,7 @@ def read_slab_rows(reader: Any, spec: TableSpec, where: str) -> Rows:
     ov_k, ov_v = ov_k[real], ov_v[real]
     base = (keys < DELETED_KEY) & ~np.isin(keys, ov_k)
     ids = np.concatenate([keys[base], ov_k[ov_v >= 0]])
-    slots = np.concatenate([np.flatnonzero(base), ov_v[ov_v >= 0]])
+    slots = np.concatenate([np.flatnonzero(base), ov_v[ov_v >= 0] & _SLOT_MASK])  # older exports: bare slots
     return ids, np.asarray(slab[slots], dtype=np.float32)
 
 
@@ -192,33 +229,57 @@ class _Table:
         self.spec = spec
         self.slab, self.keys, self.overlay = module.slabs[t], module.keys[t], module.overlay[t]
         self.versions, self.tombstones = module.row_versions[t], module.tombstones[t]
+        self.owners, self.generation = module.owners[t], module.generation[t]
         self.free, self.free_count, self.used = module.free[t], module.free_count[t], module.used[t]
         self.count = module.count[t]
         self.written = module.written.get(t)
         self.position = module.positions[t]
 
+    def refs(self, ids: Any) -> Any:
+        """int64 [n]: each id's reference (``slot | generation << 32``; exported rows: generation 0), negative for
+        an unknown, deleted or reserved id. Few ops: a lookup's cost is mostly per op."""
+        import tensorflow as tf
+
+        safe = tf.minimum(ids, DELETED_KEY - 1)  # the hash tables refuse the sentinels; masked below
+        over = tf.reshape(self.overlay.lookup(safe), [-1])
+        keys = self.keys.read_value()  # never sparse-accessed: the read aliases the variable, no copy
+        pos = tf.reshape(
+            tf.raw_ops.LowerBound(
+                sorted_inputs=tf.reshape(keys, [1, -1]), values=tf.reshape(safe, [1, -1]), out_type=tf.int64
+            ),
+            [-1],
+        )
+        last = tf.size(keys, out_type=tf.int64) - 1
+        # an exported id not changed since (overlay -1) whose key is found; ids (not safe): a reserved id misses
+        hit = tf.logical_and(tf.equal(tf.gather(keys, tf.minimum(pos, last)), ids), over == -1)
+        return tf.where(ids >= DELETED_KEY, tf.constant(-1, tf.int64), tf.where(hit, pos, over))
+
     def slots(self, ids: Any) -> Any:
         """int64 [n]: the slot of each id, -1 for an unknown, deleted or reserved id."""
         import tensorflow as tf
 
-        safe = _safe(ids)
-        over = tf.reshape(self.overlay.lookup(safe), [-1])
-        keys = self.keys.read_value()  # never sparse-accessed: the read aliases the variable, no copy
-        pos = tf.searchsorted(keys, safe, out_type=tf.int64)
-        last = tf.size(keys, out_type=tf.int64) - 1
-        hit = tf.equal(tf.gather(keys, tf.minimum(pos, last)), safe)
-        base = tf.where(hit, pos, tf.constant(-1, tf.int64))
-        slot = tf.where(over >= 0, over, tf.where(over == _HIDDEN, tf.constant(-1, tf.int64), base))
-        return tf.where(ids >= DELETED_KEY, tf.constant(-1, tf.int64), slot)
+        ref = self.refs(ids)
+        return tf.where(ref >= 0, tf.bitwise.bitwise_and(ref, _SLOT_MASK), tf.constant(-1, tf.int64))
 
     def gather(self, ids: Any) -> Any:
-        """float32 [n, dim]: the rows of ``ids``, the default row for an unknown id."""
+        """float32 [n, dim]: the rows of ``ids``, the default row for an unknown id. Runs without the shard's lock:
+        a row counts only if its slot's owner generation, read after the row, is the one the id resolved to."""
+        return self.read(self.refs(ids))
+
+    def read(self, ref: Any) -> Any:
+        """float32 [n, dim]: the row of each reference of :meth:`refs`, the default row for a negative one or one
+        whose slot has been given to another id since (its owner generation differs)."""
         import tensorflow as tf
 
-        slot = self.slots(ids)
-        rows = tf.cast(tf.gather(self.slab, tf.maximum(slot, 0)), tf.float32)
-        default = tf.fill([tf.size(ids), self.spec.dim], tf.constant(self.spec.default_value, tf.float32))
-        return tf.where(tf.expand_dims(slot >= 0, 1), rows, default)
+        slot = tf.bitwise.bitwise_and(tf.maximum(ref, 0), _SLOT_MASK)
+        rows = tf.gather(self.slab, slot)
+        with tf.control_dependencies([rows]):
+            owner = tf.gather(self.owners, slot)
+        ok = tf.logical_and(
+            ref >= 0, tf.equal(owner, tf.cast(tf.bitwise.right_shift(ref, _SLOT_BITS), tf.int32))
+        )
+        default = tf.constant(self.spec.default_value, tf.float32, shape=[1, self.spec.dim])
+        return tf.where(tf.expand_dims(ok, 1), tf.cast(rows, tf.float32), default)
 
     def stored(self, ids: Any) -> tuple[Any, Any]:
         """(slot or -1, int64 [n, 2] stored version: the row's, else the tombstone's, else (-1, -1))."""
@@ -241,7 +302,11 @@ class _Table:
         mine = tf.logical_and(ok < DELETED_KEY, ov >= 0)
         ids = tf.concat([tf.boolean_mask(keys, base), tf.boolean_mask(ok, mine)], 0)
         slots = tf.concat(
-            [tf.boolean_mask(tf.range(tf.size(keys, out_type=tf.int64)), base), tf.boolean_mask(ov, mine)], 0
+            [
+                tf.boolean_mask(tf.range(tf.size(keys, out_type=tf.int64)), base),
+                tf.bitwise.bitwise_and(tf.boolean_mask(ov, mine), _SLOT_MASK),
+            ],
+            0,
         )
         return ids, slots
 
@@ -274,6 +339,7 @@ class _Table:
             ops = [
                 _append(self.slab, tf.zeros(tf.stack([extra, dim]), dtype)),
                 _append(self.versions, tf.fill(tf.stack([extra, 2]), tf.constant(-1, tf.int64))),
+                _append(self.owners, tf.zeros(tf.reshape(extra, [1]), tf.int32)),
             ]
             if self.written is not None:
                 ops.append(_append(self.written, tf.zeros(tf.reshape(extra, [1]), tf.int64)))
@@ -281,6 +347,18 @@ class _Table:
                 return tf.constant(True)
 
         return tf.cond(need > cap, grow, lambda: tf.constant(False))
+
+    def claim(self, slots: Any) -> tuple[Any, list[Any]]:
+        """Give each of ``slots`` (just allocated) a new generation, written to ``owners``: (int64 generations, ops)."""
+        import tensorflow as tf
+
+        done = tf.identity(self.generation.read_value())
+        k = tf.size(slots, out_type=tf.int64)
+        gens = tf.math.floormod(done + tf.range(k), _GENERATIONS) + 1
+        return gens, [
+            self.scatter(self.owners, slots, tf.cast(gens, tf.int32)),
+            tf.raw_ops.AssignVariableOp(resource=self.generation.handle, value=done + k),
+        ]
 
     def release(self, slots: Any) -> list[Any]:
         """Push ``slots`` onto the free stack (grown like the slab when full)."""
@@ -379,10 +457,8 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
     tabs = {s.name: _Table(module, s) for s in specs}
     names = [s.name for s in specs]
 
-    def lookup(*ids: Any) -> dict[str, Any]:
-        return _locked(
-            lambda: {lookup_values_output(t): tabs[t].gather(i) for t, i in zip(names, ids, strict=True)}
-        )
+    def lookup(*ids: Any) -> dict[str, Any]:  # no lock: see the module docstring
+        return {lookup_values_output(t): tabs[t].gather(i) for t, i in zip(names, ids, strict=True)}
 
     def row_count() -> dict[str, Any]:
         return {row_count_output(t): tabs[t].count.read_value() for t in names}
@@ -426,11 +502,19 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
                 got, ops = tab.allocate(tf.size(new_ids, out_type=tf.int64))
                 slots = tf.tensor_scatter_nd_update(slot, tf.where(fresh), got)
                 with tf.control_dependencies(ops):
-                    ops.append(tab.scatter(tab.slab, slots, tf.cast(tf.gather(values, rows), tab.slab.dtype)))
+                    # lock-free lookups: a reused slot's new generation, then the rows, then the overlay entries
+                    gens, claim = tab.claim(got)
+                    with tf.control_dependencies(claim):
+                        row_ops = [
+                            tab.scatter(tab.slab, slots, tf.cast(tf.gather(values, rows), tab.slab.dtype))
+                        ]
+                    with tf.control_dependencies(row_ops):
+                        refs = tf.bitwise.bitwise_or(got, tf.bitwise.left_shift(gens, _SLOT_BITS))
+                        ops.append(tab.overlay.insert(new_ids, refs))
+                    ops += claim + row_ops
                     if tab.written is not None:
                         ops.append(tab.scatter(tab.written, slots, stamps[:, 0]))
                     ops.append(tab.scatter(tab.versions, slots, stamps))
-                    ops.append(tab.overlay.insert(new_ids, got))
                     ops.append(
                         tf.raw_ops.AssignAddVariableOp(
                             resource=tab.count.handle, value=tf.size(got, out_type=tf.int64)

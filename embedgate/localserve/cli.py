@@ -115,16 +115,29 @@ def register(subparsers: Any) -> None:
         help="TF Serving SSLConfig text proto (server_key, server_cert, custom_ca, client_verify): "
         "serve gRPC over TLS; client_verify: true requires client certificates signed by custom_ca",
     )
+    p.add_argument(
+        "--malloc_trim_interval_seconds",
+        "--malloc-trim-interval-seconds",
+        type=float,
+        default=2.0,
+        help="return free malloc memory to the OS (glibc malloc_trim) every this many seconds; <= 0 = never "
+        "(default 2; docs/serve-local.md, Memory)",
+    )
     p.add_argument("--log_level", "--log-level", default="INFO", help="Python log level (default INFO)")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from embedgate.localserve.memory import configure_malloc
+
+    malloc = configure_malloc()  # first: before any thread makes a malloc arena
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if malloc:
+        logging.getLogger(__name__).info("malloc settings (docs/serve-local.md, Memory): %s", malloc)
     if args.rest_api_port:
         print(
             "serve-local: --rest_api_port must be 0: serve-local has no REST API (the gateway provides it)",
@@ -179,6 +192,7 @@ def _run(args: argparse.Namespace) -> int:
         file_system_poll_wait_seconds=args.file_system_poll_wait_seconds,
         model_config_file_poll_wait_seconds=args.model_config_file_poll_wait_seconds,
         grpc_max_threads=args.grpc_max_threads,
+        malloc_trim_seconds=args.malloc_trim_interval_seconds,
         tensor_content=args.enable_serialization_as_tensor_content,
         ssl_config=ssl_config,
         batching=batching,

@@ -42,6 +42,9 @@ class ServerOptions:
     tensor_content: bool = False
     batching: BatchingParameters | None = None  # --enable_batching (+ --batching_parameters_file)
     grace_seconds: float = 5.0
+    malloc_trim_seconds: float = (
+        2.0  # --malloc_trim_interval_seconds: malloc_trim(0) this often; <= 0 = never
+    )
     ssl_config: SslConfig | None = None  # --ssl_config_file: TLS (and client certificates) on the gRPC port
 
 
@@ -65,6 +68,12 @@ def run(options: ServerOptions) -> int:
         reload_config,
     )
 
+    from embedgate.localserve.memory import trim_malloc
+
+    def trim() -> None:
+        trim_malloc()
+
+    trimmer = Poller("malloc-trim", options.malloc_trim_seconds, trim)
     threads = options.grpc_max_threads or max(8, 4 * (os.cpu_count() or 1))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
@@ -90,6 +99,7 @@ def run(options: ServerOptions) -> int:
     server.start()
     fs_poller.start()
     config_poller.start()
+    trimmer.start()
     _log.info(
         "Running gRPC ModelServer at %s%s (models: %s)",
         address,
@@ -107,6 +117,7 @@ def run(options: ServerOptions) -> int:
         server.stop(options.grace_seconds).wait(options.grace_seconds + 1)
         fs_poller.stop()
         config_poller.stop()
+        trimmer.stop()
         manager.close()
     return 0
 

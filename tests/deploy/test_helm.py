@@ -380,3 +380,21 @@ def test_tf_serving_pods_are_ready_once_every_servable_of_the_pod_is_available()
                     assert not probe_passes(command, 8501, port), (name, probe, missing)
                 with model_status_server({k: v for k, v in everything.items() if k != missing}) as port:
                     assert not probe_passes(command, 8501, port), (name, probe, missing)
+
+
+def test_tf_serving_containers_get_the_malloc_settings() -> None:
+    # docs/deployment.md "PS memory and glibc malloc": glibc reads these at tensorflow_model_server's start
+    docs = render()
+    workloads = {**by_kind(docs, "StatefulSet"), **by_kind(docs, "Deployment")}
+    tfs = [
+        c
+        for w in workloads.values()
+        for c in w["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "tfserving"
+    ]
+    assert len(tfs) == 3  # the entry and the two PS hosts of the default values
+    for c in tfs:
+        assert {e["name"]: e["value"] for e in c["env"]} == {
+            "MALLOC_MMAP_THRESHOLD_": "1048576",
+            "MALLOC_ARENA_MAX": "2",
+        }

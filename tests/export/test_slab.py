@@ -126,6 +126,44 @@ def test_deletes_free_slots_that_upserts_reuse_and_the_slab_grows_in_chunks(tmp_
     assert int(call("row_count", {})["t_rows"]) == len(everything)
 
 
+def test_a_lookup_that_resolved_an_id_before_its_slot_was_reused_answers_the_default_row() -> None:
+    """The lock-free lookup (embedgate/export/slab.py docstring), step by step: an id's reference taken before a
+    delete frees its slot and an upsert gives the slot to another id reads the default row, not the other id's;
+    references taken after read the new rows; an in-place rewrite keeps a reference valid."""
+    import tensorflow as tf
+
+    from embedgate.export.slab import _module, _signatures, _Table
+
+    spec = TableSpec(name="t", dim=DIM, default_value=-1.0)
+    ids0 = np.arange(10, dtype=np.int64)
+    ps = _module([spec], {"t": (ids0, _rows(ids0))})  # in memory: the test reads between the graph's steps
+    sigs = _signatures(ps, [spec])
+    tab = _Table(ps, spec)
+
+    def call(sig: str, feeds: dict[str, np.ndarray]) -> None:
+        names = [x.name for x in sigs[sig].input_signature]
+        sigs[sig](*(tf.constant(feeds[n]) for n in names))
+
+    def refs(ids: Any) -> Any:
+        return tab.refs(tf.constant(np.asarray(ids, np.int64)))
+
+    stale = refs([3, 4])  # exported rows: generation 0
+    call("upsert_t", _w([4], 1, values=_rows([4]) + 100))  # in place: the same slot, the same generation
+    np.testing.assert_array_equal(tab.read(stale).numpy(), np.stack([_rows([3])[0], _rows([4])[0] + 100]))
+    call("delete_t", _w([3], 2))
+    np.testing.assert_array_equal(tab.read(stale).numpy()[0], _rows([3])[0])  # freed, not reused: the old row
+    call("upsert_t", _w([77], 3, values=_rows([77])))  # takes slot 3 with a new generation
+    assert int(np.asarray(stale)[0]) == 3 and int(ps.owners["t"].numpy()[3]) != 0
+    np.testing.assert_array_equal(tab.read(stale).numpy()[0], np.full(DIM, -1.0, np.float32))
+    fresh = refs([3, 77])
+    np.testing.assert_array_equal(tab.read(fresh).numpy(), np.stack([np.full(DIM, -1.0), _rows([77])[0]]))
+    call("delete_t", _w([77], 4))
+    call("upsert_t", _w([3], 5, values=_rows([3])))  # 3 again, in the same slot: yet another generation
+    np.testing.assert_array_equal(tab.read(fresh).numpy(), np.full((2, DIM), -1.0, np.float32))
+    looked = sigs["lookup"](tf.constant(np.array([3, 77], np.int64)))["t_values"].numpy()
+    np.testing.assert_array_equal(looked, np.stack([_rows([3])[0], np.full(DIM, -1.0)]))
+
+
 def test_reserved_ids_look_up_to_the_default_row_and_are_never_written(tmp_path: Path) -> None:
     spec = TableSpec(name="t", dim=DIM, default_value=3.0)
     write_ps_shard(tmp_path / "1", [spec], {"t": (np.array([0], np.int64), _rows([0]))})

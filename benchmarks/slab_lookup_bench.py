@@ -1,0 +1,113 @@
+"""One shard's ``lookup`` in process, slab vs hash layout, call by call: what the lookup graph itself costs.
+
+    .venv/bin/python -m benchmarks.slab_lookup_bench [--rows 250000] [--batch 128] [--calls 2000] [--trace]
+
+Both layouts of one shard of ``--rows`` rows (dim 64) are exported to a temporary directory and loaded with the TF1
+loader (``tf.compat.v1.saved_model.loader.load``, as ``tensorflow_model_server`` loads them), each in its own
+session. Then ``--calls`` times: one batch of ``--batch`` random existing ids is looked up on both, the order
+alternating, each ``Session.run`` timed. Printed: each layout's p10 / p50 and the median and quartiles of the
+per-call ratio slab / hash (the same ids, the same moment of the machine). ``--rows 250000`` and ``1000000`` are the
+shard sizes of the 1 M and 4 M ladder steps (4 shards); ``--batch 128`` is a 512-id batch split over 4 shards.
+``--trace``: also the median time of every op of each graph over 50 traced runs (``RunOptions.FULL_TRACE``), the
+profile that showed the slab lookup's costs (docs/benchmarks.md "Slab vs hash, interleaved").
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+LAYOUTS = ("hash", "slab")
+
+
+def _load(path: Path) -> tuple[Any, str, str]:
+    """(session, ids tensor name, values tensor name) of the shard at ``path``."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    session = tf.compat.v1.Session(graph=graph)
+    with graph.as_default():
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(path))
+    sig = meta.signature_def["lookup"]
+    return session, sig.inputs["t_ids"].name, sig.outputs["t_values"].name
+
+
+def _trace(session: Any, ids_name: str, out_name: str, batches: list[Any]) -> list[tuple[float, str]]:
+    """(median µs, op) of the 12 slowest ops over the traced runs of ``batches``."""
+    from tensorflow.core.protobuf import config_pb2
+
+    times: dict[str, list[float]] = {}
+    for ids in batches:
+        meta = config_pb2.RunMetadata()
+        options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE)
+        session.run(out_name, {ids_name: ids}, options=options, run_metadata=meta)
+        for dev in meta.step_stats.dev_stats:
+            for node in dev.node_stats:
+                op = node.timeline_label.split("(")[0].split(" = ")[-1]
+                times.setdefault(f"{node.node_name.rsplit('/', 1)[-1]} ({op})", []).append(
+                    node.all_end_rel_micros
+                )
+    return sorted(((statistics.median(t), k) for k, t in times.items()), reverse=True)[:12]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=250_000)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--trace", action="store_true")
+    args = ap.parse_args(argv)
+    if min(args.rows, args.batch, args.calls) <= 0:
+        ap.error("--rows, --batch and --calls must be positive")
+    import numpy as np
+
+    from embedgate.export.ps import write_ps_shard
+    from schemas.manifest import PsLayout, TableSpec
+
+    spec = [TableSpec(name="t", dim=64)]
+    ids = np.arange(args.rows, dtype=np.int64) * 4 + 1  # sparse ids, as hashed ids are
+    values = np.random.default_rng(0).standard_normal((args.rows, 64), dtype=np.float32)
+    rng = np.random.default_rng(1)
+    with tempfile.TemporaryDirectory(prefix="slab-lookup-") as tmp:
+        sessions = {}
+        for lay in LAYOUTS:
+            write_ps_shard(Path(tmp) / lay, spec, {"t": (ids, values)}, layout=PsLayout(lay))
+            sessions[lay] = _load(Path(tmp) / lay)
+        for lay in LAYOUTS:  # warm-up
+            s, i, o = sessions[lay]
+            for _ in range(100):
+                s.run(o, {i: rng.choice(ids, args.batch)})
+        times: dict[str, list[float]] = {lay: [] for lay in LAYOUTS}
+        for k in range(args.calls):
+            batch = rng.choice(ids, args.batch)
+            for lay in LAYOUTS if k % 2 == 0 else LAYOUTS[::-1]:
+                s, i, o = sessions[lay]
+                t0 = time.perf_counter()
+                s.run(o, {i: batch})
+                times[lay].append(time.perf_counter() - t0)
+        ratios = [a / b for a, b in zip(times["slab"], times["hash"], strict=True)]
+        q = statistics.quantiles(ratios, n=4)
+        print(f"{args.rows:,} rows, batches of {args.batch}, {args.calls} calls per layout (alternating)")
+        for lay in LAYOUTS:
+            dec = statistics.quantiles(times[lay], n=10)
+            print(f"  {lay}: p10 {dec[0] * 1e6:.0f} us, p50 {statistics.median(times[lay]) * 1e6:.0f} us")
+        print(f"  per-call slab / hash: median {q[1]:.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})")
+        if args.trace:
+            for lay in LAYOUTS:
+                s, i, o = sessions[lay]
+                top = _trace(s, i, o, [rng.choice(ids, args.batch) for _ in range(50)])
+                print(f"  {lay} ops (median us): " + ", ".join(f"{name} {us:.0f}" for us, name in top))
+        for s, _, _ in sessions.values():
+            s.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
