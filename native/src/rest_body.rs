@@ -195,6 +195,21 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    /// A list at nesting `depth`: opens it, reads every element with `each` (given the scanner at the element),
+    /// and closes it; None as soon as the list or an element is not accepted.
+    fn list(&mut self, depth: usize, mut each: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.open(b'[', depth)?;
+        if !self.eat_if(b']') {
+            loop {
+                each(self)?;
+                if !self.more(b']')? {
+                    break;
+                }
+            }
+        }
+        Some(())
+    }
+
     fn hex4(&mut self) -> Option<u32> {
         let s = self.b.get(self.i..self.i + 4)?;
         let mut v = 0u32;
@@ -450,16 +465,11 @@ impl<'a> Scanner<'a> {
             out.push(self.id()?);
             return Some(1);
         }
-        self.open(b'[', depth + 1)?;
         let start = out.len();
-        if !self.eat_if(b']') {
-            loop {
-                out.push(self.id()?);
-                if !self.more(b']')? {
-                    break;
-                }
-            }
-        }
+        self.list(depth + 1, |s| {
+            out.push(s.id()?);
+            Some(())
+        })?;
         let n = out.len() - start;
         if n > self.lim.max_ids {
             return None;
@@ -490,15 +500,7 @@ impl<'a> Scanner<'a> {
             w.counts.push((1, true));
             return Some(());
         }
-        self.open(b'[', depth + 1)?;
-        if !self.eat_if(b']') {
-            loop {
-                push(self)?;
-                if !self.more(b']')? {
-                    break;
-                }
-            }
-        }
+        self.list(depth + 1, push)?;
         let n = w.values.len() - start;
         if n > self.lim.max_ids {
             return None;
@@ -516,16 +518,11 @@ impl<'a> Scanner<'a> {
             out.push(self.float32()?);
             return Some(());
         }
-        self.open(b'[', depth + 1)?;
         let start = out.len();
-        if !self.eat_if(b']') {
-            loop {
-                out.push(self.float32()?);
-                if !self.more(b']')? {
-                    break;
-                }
-            }
-        }
+        self.list(depth + 1, |s| {
+            out.push(s.float32()?);
+            Some(())
+        })?;
         let n = out.len() - start;
         if n != dim || n > self.lim.max_ids {
             return None;
