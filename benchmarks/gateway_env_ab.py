@@ -38,7 +38,6 @@ def _variant(text: str) -> tuple[str, dict[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import yaml
 
     from embedgate.export.demo import build_demo, make_examples
     from schemas.deltas import delta_topic
@@ -67,10 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, env in args.variant:
                 port = free_port()
                 cache = {"cache": {"max_bytes": 64 << 20, "bootstrap_servers": broker.bootstrap}}
-                cfg = _gateway_config(tmp, demo, backend.target, port, cache, f"{name}.yaml")
-                doc = yaml.safe_load(cfg.read_text())
-                doc["models"] = doc["models"][:1]  # the embedding model only
-                cfg.write_text(yaml.safe_dump(doc))
+                cfg = _gateway_config(
+                    tmp, demo, backend.target, port, cache, f"{name}.yaml", embedding_only=True
+                )
                 gw = stack.enter_context(run_gateway(cfg, ready_timeout=600, env=env))
                 _wait_cache_serving(gw.url, m.model_name)
                 gateways[name] = (gw.proc.pid, f"127.0.0.1:{port}")

@@ -91,7 +91,6 @@ def collapsed_shares(data: Path, top: int = 30) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import yaml
 
     from embedgate.export.demo import build_demo, make_examples
     from schemas.deltas import delta_topic
@@ -123,10 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_create_topic(broker.bootstrap, delta_topic(m.model_name), m.num_shards))
             port = free_port()
             cache = {"cache": {"max_bytes": 64 << 20, "bootstrap_servers": broker.bootstrap}}
-            cfg = _gateway_config(tmp, demo, backend.target, port, cache, "cached.yaml")
-            doc = yaml.safe_load(cfg.read_text())
-            doc["models"] = doc["models"][:1]  # the embedding model only (no whole model served here)
-            cfg.write_text(yaml.safe_dump(doc))
+            cfg = _gateway_config(tmp, demo, backend.target, port, cache, "cached.yaml", embedding_only=True)
             gw = stack.enter_context(run_gateway(cfg, ready_timeout=180, env=env))
             _wait_cache_serving(gw.url, m.model_name)
             pid = gw.proc.pid

@@ -242,7 +242,11 @@ def _gateway_config(
     grpc_port: int | None,
     extra: dict[str, Any],
     name: str = "gateway.yaml",
+    *,
+    embedding_only: bool = False,
 ) -> Path:
+    """The gateway's config file ``tmp / name``: the demo's embedding model, and (unless ``embedding_only``) the
+    whole model and the entry as pass-through models on the same backend."""
     import yaml
 
     from schemas.manifest import entry_model_name
@@ -269,6 +273,8 @@ def _gateway_config(
         ],
         **extra,
     }
+    if embedding_only:
+        cfg["models"] = cfg["models"][:1]
     if grpc_port is not None:
         cfg["grpc_port"] = grpc_port
     path = tmp / name
