@@ -294,11 +294,6 @@ class EmbeddingServable(Servable):
 _NO_IDS: Final = np.zeros(0, dtype=np.int64)
 
 
-def entry_request(spec: tfs_pb2.ModelSpec, inputs: Mapping[str, np.ndarray]) -> bytes:
-    """The serialized entry ``PredictRequest`` of a ``pooled`` entry: every input as float32 ``tensor_content``."""
-    return predict_request_for(spec, [(k, np.asarray(a, dtype=np.float32)) for k, a in inputs.items()])
-
-
 def _entry_request_for(
     spec: tfs_pb2.ModelSpec,
     plan: LookupPlan,

@@ -1,16 +1,19 @@
-"""gateway.core.embedding.entry_request (schemas.wire framing): the entry request's bytes parse to exactly the message
-the gateway used to fill field by field and serialize with protobuf."""
+"""schemas.wire.predict_request_for, the framing of the pooled entry's request (every input float32
+``tensor_content``): its bytes parse to exactly the message the gateway used to fill field by field and serialize with
+protobuf."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gateway.core.embedding import entry_request
 from schemas.proto import tfs_pb2
 from schemas.tensors import to_ndarray
+from schemas.wire import predict_request_for
 
 _names = st.text(min_size=0, max_size=12)
 _arrays = hnp.arrays(
@@ -18,6 +21,11 @@ _arrays = hnp.arrays(
     shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=40),
     elements={"allow_nan": False, "allow_infinity": False, "min_value": -1e6, "max_value": 1e6},
 )
+
+
+def entry_request(spec: tfs_pb2.ModelSpec, inputs: Mapping[str, np.ndarray]) -> bytes:
+    """A pooled entry's request: every input as float32."""
+    return predict_request_for(spec, [(k, np.asarray(a, dtype=np.float32)) for k, a in inputs.items()])
 
 
 def _fill(t: tfs_pb2.TensorProto, arr: np.ndarray) -> None:
