@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.slab_vs_hash [--rows 1000000] [--repeats 3] [--lookups 300] [--dim 64]
                                                 [--shards 4] [--write docs/benchmarks.md] [--json FILE]
+                                                [--include FILE ...] [--report-only]
 
 The ladder (``benchmarks.scale``) measures each layout once per size, minutes apart; on a shared machine its
 timing ratios swing by 3x. Here both layouts are measured in the same minutes, ``--repeats`` times, the order
@@ -21,7 +22,8 @@ alternating between repeats, and every ratio is slab / hash within one repeat. P
 4. **direct upsert rows/s**: every row written once more, in 64 k-id chunks (16 384-row ``upsert_t`` calls, shards
    concurrently), each chunk to both servers one after the other (order alternating); rows / summed time per layout.
 
-Bounded: every wait has a time limit (``benchmarks.scale``'s); every process started is stopped on every exit path.
+``--include`` reports earlier runs' ``--json`` files too (one table each, e.g. another ``--rows``), and
+``--report-only`` only those. Bounded: every wait has a time limit (``benchmarks.scale``'s); every process started is stopped on every exit path.
 """
 
 from __future__ import annotations
@@ -205,9 +207,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--write", type=Path, help="rewrite the slab_vs_hash section of this Markdown file")
     ap.add_argument("--json", type=Path, help="also write every repeat's figures to this JSON file")
+    ap.add_argument(
+        "--include",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="JSON files of earlier runs (--json) to report too, each its own table, before this run's",
+    )
+    ap.add_argument("--report-only", action="store_true", help="measure nothing: report the --include files")
     args = ap.parse_args(argv)
     if args.rows <= 0 or args.repeats <= 0 or args.lookups <= 0:
         ap.error("--rows, --repeats and --lookups must be positive")
+    if args.report_only and not args.include:
+        ap.error("--report-only needs --include")
+    runs = [json.loads(path.read_text()) for path in args.include]
+    if not args.report_only:
+        runs.append(_run(args, argv))
+    text = "\n\n".join(_report(run["results"], run["command"]) for run in runs)
+    print()
+    print(text)
+    if args.write is not None:
+        write_section(args.write, BEGIN, END, text, "## Slab vs hash, interleaved")
+    return 0
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    """Every repeat of this run: ``{"command": ..., "results": [...]}`` (also written to ``--json`` as it goes)."""
     cmd = "python -m benchmarks.slab_vs_hash " + " ".join(argv if argv is not None else sys.argv[1:])
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="slab-vs-hash-") as tmp:
@@ -216,12 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(results[-1]), flush=True)
             if args.json is not None:
                 args.json.write_text(json.dumps({"command": cmd, "results": results}, indent=1))
-    text = _report(results, cmd.strip())
-    print()
-    print(text)
-    if args.write is not None:
-        write_section(args.write, BEGIN, END, text, "## Slab vs hash, interleaved")
-    return 0
+    return {"command": cmd.strip(), "results": results}
 
 
 if __name__ == "__main__":
