@@ -17,7 +17,10 @@ as its own process. Per step:
 
 1. **export**: every shard written by :func:`embedgate.export.ps.write_ps_shard` (the PS half of ``embedgate
    export``; the entry does not grow with the tables) in a child process; wall time of the writes (row generation
-   excluded).
+   excluded), after one untimed write of an empty shard (the process's one-time costs: the first ``tf.function``
+   trace and SavedModel save, paid once per ``embedgate export``, not per row). Just before each shard, the same
+   shard without rows is written and timed too: the JSON's ``export_fixed_s`` (tracing and saving the signatures,
+   which does not grow with the rows; ``export_s - export_fixed_s`` is the part that does).
 2. **load**: serve-local started on the shards; time until every shard is AVAILABLE (process start included: the
    empty step's figure is that fixed part).
 3. **RSS after load**: serve-local's resident memory after one lookup per shard, minus the same for an empty PS of the
@@ -109,7 +112,7 @@ def _mem_available_gb() -> float:
 
 # -- the model -------------------------------------------------------------------------------------------------------
 _WRITE = r"""
-import json, sys, time
+import json, shutil, sys, time
 from pathlib import Path
 import numpy as np
 from embedgate.export.ps import write_ps_shard
@@ -120,23 +123,36 @@ tf.constant(1.0) + 1
 model_dir, rows = Path(sys.argv[1]), int(sys.argv[2])
 m = Manifest.load(model_dir)
 dim = m.tables[0].dim
-seconds = 0.0
+none = {"t": (np.zeros(0, np.int64), np.zeros((0, dim), np.float32))}
+scratch = model_dir / "_empty"
+def empty_write():
+    t0 = time.perf_counter()
+    write_ps_shard(scratch, m.tables, none, layout=m.ps_layout)
+    spent = time.perf_counter() - t0
+    shutil.rmtree(scratch)
+    return spent
+empty_write()  # the process's one-time costs (first trace, first save) before the clock
+seconds = fixed = 0.0
 ids = np.arange(rows, dtype=np.int64)
 owner = shard_for(ids, m.num_shards) if rows else ids
 for s in range(m.num_shards):
     mine = ids[owner == s]
     vals = np.random.default_rng(s).standard_normal((mine.size, dim), dtype=np.float32)
+    fixed += empty_write()  # the same shard without rows, just before: the part that does not grow with rows
     t0 = time.perf_counter()
     write_ps_shard(model_dir / f"ps_{s}" / "1", m.tables, {"t": (mine, vals)}, layout=m.ps_layout)
     seconds += time.perf_counter() - t0
     del vals
-print(json.dumps({"seconds": seconds}))
+print(json.dumps({"seconds": seconds, "fixed_seconds": fixed}))
 """
 
 
-def _build(root: Path, name: str, rows: int, dim: int, shards: int, variant: str) -> tuple[Path, float]:
+def _build(
+    root: Path, name: str, rows: int, dim: int, shards: int, variant: str
+) -> tuple[Path, float, float]:
     """``root/<name>``: manifest + ``ps_<i>/1`` of ``variant`` (``hash``, ``slab`` or ``slab:<row dtype>``); the
-    seconds the shard writes took."""
+    seconds the shard writes took, and the seconds the same writes took without rows (the fixed part: tracing and
+    saving the signatures), both after one untimed empty write (the writing process's one-time costs)."""
     from schemas.manifest import Manifest
 
     layout, _, dtype = variant.partition(":")
@@ -165,7 +181,8 @@ def _build(root: Path, name: str, rows: int, dim: int, shards: int, variant: str
         cwd=_REPO,
         timeout=_WAIT_S,
     )
-    return model_dir, float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+    times = json.loads(out.stdout.strip().splitlines()[-1])
+    return model_dir, float(times["seconds"]), float(times["fixed_seconds"])
 
 
 # -- PS calls -------------------------------------------------------------------------------------------------------
@@ -362,7 +379,7 @@ def _baseline(root: Path, layout: str, dim: int, shards: int) -> dict[str, float
     from schemas.manifest import Manifest
 
     name = f"empty_{layout.replace(':', '_')}"
-    model_dir, _ = _build(root, name, 0, dim, shards, layout)
+    model_dir, _, _ = _build(root, name, 0, dim, shards, layout)
     manifest = Manifest.load(model_dir)
     from tests.support.ports import free_port
 
@@ -382,11 +399,16 @@ def _step(
 
     name = f"scale_{layout.replace(':', '_')}_{rows}"
     print(f"[{name}] export ...", flush=True)
-    model_dir, export_s = _build(root, name, rows, args.dim, args.shards, layout)
+    model_dir, export_s, export_fixed_s = _build(root, name, rows, args.dim, args.shards, layout)
     manifest = Manifest.load(model_dir)
     served = _served(model_dir, args.shards, name)
     port = free_port()
-    out: dict[str, Any] = {"layout": layout, "rows": rows, "export_s": export_s}
+    out: dict[str, Any] = {
+        "layout": layout,
+        "rows": rows,
+        "export_s": export_s,
+        "export_fixed_s": export_fixed_s,
+    }
     raw_mb = rows * 4 * args.dim / 1e6  # float32 rows, whatever the layout stores
     upd_rows = min(args.updater_rows, rows)
     sample = np.unique(

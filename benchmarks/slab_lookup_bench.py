@@ -1,15 +1,20 @@
 """One shard's ``lookup`` in process, slab vs hash layout, call by call: what the lookup graph itself costs.
 
-    .venv/bin/python -m benchmarks.slab_lookup_bench [--rows 250000] [--batch 128] [--calls 2000] [--trace]
+    .venv/bin/python -m benchmarks.slab_lookup_bench [--rows 250000] [--batch 128] [--calls 2000] [--shards 1]
+                                                     [--trace]
 
-Both layouts of one shard of ``--rows`` rows (dim 64) are exported to a temporary directory and loaded with the TF1
+Both layouts of a shard of ``--rows`` rows (dim 64) are exported to a temporary directory and loaded with the TF1
 loader (``tf.compat.v1.saved_model.loader.load``, as ``tensorflow_model_server`` loads them), each in its own
 session. Then ``--calls`` times: one batch of ``--batch`` random existing ids is looked up on both, the order
 alternating, each ``Session.run`` timed. Printed: each layout's p10 / p50 and the median and quartiles of the
 per-call ratio slab / hash (the same ids, the same moment of the machine). ``--rows 250000`` and ``1000000`` are the
 shard sizes of the 1 M and 4 M ladder steps (4 shards); ``--batch 128`` is a 512-id batch split over 4 shards.
-``--trace``: also the median time of every op of each graph over 50 traced runs (``RunOptions.FULL_TRACE``), the
-profile that showed the slab lookup's costs (docs/benchmarks.md "Slab vs hash, interleaved").
+``--shards 4``: four shards of ``--rows`` per layout, each batch one call per shard from four threads at once (a
+512-id batch of the ladder, as serve-local runs its shards' calls: do concurrent calls of the slab's many-op graph
+queue on TensorFlow's shared inter-op pool where the hash layout's one op does not?); the time of a batch is until
+its last call returns. ``--trace``: also the median time of every op of each graph (first shard) over 50 traced
+runs (``RunOptions.FULL_TRACE``), the profile that showed the slab lookup's costs (docs/benchmarks.md "Slab vs
+hash, interleaved").
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,55 +63,73 @@ def _trace(session: Any, ids_name: str, out_name: str, batches: list[Any]) -> li
     return sorted(((statistics.median(t), k) for k, t in times.items()), reverse=True)[:12]
 
 
+def _timed_calls(
+    sessions: dict[str, list[tuple[Any, str, str]]], batches: list[list[Any]], pool: ThreadPoolExecutor
+) -> dict[str, list[float]]:
+    """Seconds per batch on each layout: a batch is one id array per shard, the shards called concurrently from
+    ``pool`` (one thread each, as serve-local's gRPC threads would), the order of the layouts alternating."""
+    times: dict[str, list[float]] = {lay: [] for lay in LAYOUTS}
+    for k, batch in enumerate(batches):
+        for lay in LAYOUTS if k % 2 == 0 else LAYOUTS[::-1]:
+            t0 = time.perf_counter()
+            calls = [pool.submit(s.run, o, {i: b}) for (s, i, o), b in zip(sessions[lay], batch, strict=True)]
+            for call in calls:
+                call.result()
+            times[lay].append(time.perf_counter() - t0)
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=250_000)
-    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--rows", type=int, default=250_000, help="rows per shard")
+    ap.add_argument("--batch", type=int, default=128, help="ids per shard and call")
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--shards", type=int, default=1, help="shards per layout, called concurrently per batch")
     ap.add_argument("--trace", action="store_true")
     args = ap.parse_args(argv)
-    if min(args.rows, args.batch, args.calls) <= 0:
-        ap.error("--rows, --batch and --calls must be positive")
+    if min(args.rows, args.batch, args.calls, args.shards) <= 0:
+        ap.error("--rows, --batch, --calls and --shards must be positive")
     import numpy as np
 
     from embedgate.export.ps import write_ps_shard
     from schemas.manifest import PsLayout, TableSpec
 
     spec = [TableSpec(name="t", dim=64)]
-    ids = np.arange(args.rows, dtype=np.int64) * 4 + 1  # sparse ids, as hashed ids are
-    values = np.random.default_rng(0).standard_normal((args.rows, 64), dtype=np.float32)
+    # sparse ids, as hashed ids are; shard s holds the ids = s (mod shards)
+    ids = [(np.arange(args.rows, dtype=np.int64) * args.shards + s) * 4 + 1 for s in range(args.shards)]
     rng = np.random.default_rng(1)
-    with tempfile.TemporaryDirectory(prefix="slab-lookup-") as tmp:
-        sessions = {}
+    with tempfile.TemporaryDirectory(prefix="slab-lookup-") as tmp, ThreadPoolExecutor(args.shards) as pool:
+        sessions: dict[str, list[tuple[Any, str, str]]] = {lay: [] for lay in LAYOUTS}
         for lay in LAYOUTS:
-            write_ps_shard(Path(tmp) / lay, spec, {"t": (ids, values)}, layout=PsLayout(lay))
-            sessions[lay] = _load(Path(tmp) / lay)
-        for lay in LAYOUTS:  # warm-up
-            s, i, o = sessions[lay]
-            for _ in range(100):
-                s.run(o, {i: rng.choice(ids, args.batch)})
-        times: dict[str, list[float]] = {lay: [] for lay in LAYOUTS}
-        for k in range(args.calls):
-            batch = rng.choice(ids, args.batch)
-            for lay in LAYOUTS if k % 2 == 0 else LAYOUTS[::-1]:
-                s, i, o = sessions[lay]
-                t0 = time.perf_counter()
-                s.run(o, {i: batch})
-                times[lay].append(time.perf_counter() - t0)
+            for s in range(args.shards):
+                values = np.random.default_rng(s).standard_normal((args.rows, 64), dtype=np.float32)
+                path = Path(tmp) / f"{lay}_{s}"
+                write_ps_shard(path, spec, {"t": (ids[s], values)}, layout=PsLayout(lay))
+                sessions[lay].append(_load(path))
+
+        def batches(n: int) -> list[list[Any]]:
+            return [[rng.choice(mine, args.batch) for mine in ids] for _ in range(n)]
+
+        _timed_calls(sessions, batches(100), pool)  # warm-up
+        times = _timed_calls(sessions, batches(args.calls), pool)
         ratios = [a / b for a, b in zip(times["slab"], times["hash"], strict=True)]
         q = statistics.quantiles(ratios, n=4)
-        print(f"{args.rows:,} rows, batches of {args.batch}, {args.calls} calls per layout (alternating)")
+        print(
+            f"{args.rows:,} rows a shard, {args.shards} shard(s) called concurrently, {args.batch} ids a shard, "
+            f"{args.calls} calls per layout (alternating)"
+        )
         for lay in LAYOUTS:
             dec = statistics.quantiles(times[lay], n=10)
             print(f"  {lay}: p10 {dec[0] * 1e6:.0f} us, p50 {statistics.median(times[lay]) * 1e6:.0f} us")
         print(f"  per-call slab / hash: median {q[1]:.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})")
         if args.trace:
             for lay in LAYOUTS:
-                s, i, o = sessions[lay]
-                top = _trace(s, i, o, [rng.choice(ids, args.batch) for _ in range(50)])
+                s, i, o = sessions[lay][0]
+                top = _trace(s, i, o, [rng.choice(ids[0], args.batch) for _ in range(50)])
                 print(f"  {lay} ops (median us): " + ", ".join(f"{name} {us:.0f}" for us, name in top))
-        for s, _, _ in sessions.values():
-            s.close()
+        for shard_sessions in sessions.values():
+            for s, _, _ in shard_sessions:
+                s.close()
     return 0
 
 

@@ -6,8 +6,13 @@ Per table ``t`` (checkpoint names in brackets; all core TF, restored by the TF1 
   created with an unknown shape, so a write that needs more slots re-assigns it to a larger tensor (growth by a
   quarter of the capacity, at least :data:`MIN_GROWTH` rows: amortised O(1) per row, at most 25 % slack); an export
   has exactly its rows' capacity;
-* ``keys/<t>``: int64 ``[n]``, the exported ids, sorted; the exported row of ``keys[i]`` is in slot ``i``, found by
-  binary search (``searchsorted``): 8 bytes per exported row, no hash table;
+* ``keys/<t>``: int64, the exported ids, sorted, then padded with at least one :data:`EMPTY_KEY` to a multiple of
+  :data:`FENCE_BLOCK`; the exported row of ``keys[i]`` is in slot ``i`` (8 bytes per exported row, no hash table);
+* ``fence/<t>``: int64 ``[1, len(keys) / FENCE_BLOCK]``, the last key of every block of :data:`FENCE_BLOCK` keys
+  (1/8 byte per row, small enough to stay in the CPU's cache). An id is found in two binary searches
+  (``LowerBound``): the fence names the one block that can hold it, then a search within that block (a few adjacent
+  cache lines), instead of one search over all keys (a cache miss per step once the keys outgrow the cache). Exports
+  of earlier builds have no fence and unpadded keys, and keep their own graph (one search over all keys);
 * ``overlay/<t>``: ``DenseHashTable`` int64 id -> int64 reference for what changed since the export: the slot of an
   id written later with its allocation's generation in the high 32 bits (``slot | generation << 32``), or -2 for a
   deleted exported id (open addressing, 16 bytes per bucket; only changed ids pay). Ids
@@ -65,10 +70,11 @@ from schemas.manifest import (
     upsert_signature,
 )
 
-__all__ = ["MIN_GROWTH", "read_slab_rows", "write_slab_shard"]
+__all__ = ["FENCE_BLOCK", "MIN_GROWTH", "read_slab_rows", "write_slab_shard"]
 
 Rows = tuple[Any, Any]
 MIN_GROWTH = 1024  # fewest slots a growing slab adds
+FENCE_BLOCK = 64  # keys per block of the exported-id index (512 bytes: 8 cache lines)
 EMPTY_KEY = int(np.iinfo(np.int64).max)  # the index's sentinels: these two ids never get a row
 DELETED_KEY = EMPTY_KEY - 1
 _LOCK_NAME = "embedgate_ps_lock"
@@ -112,6 +118,7 @@ def _module(
     for attr in (
         "slabs",
         "keys",
+        "fence",
         "overlay",
         "row_versions",
         "owners",
@@ -156,10 +163,10 @@ def _module(
             init = tf.constant(slab.astype(spec.row_dtype, copy=False))
         module.slabs[t] = tf.Variable(init, shape=tf.TensorShape(None), name=f"ps_slab_{t}")
         del slab, init
-        # an empty table keeps one sentinel key (never matched: reserved ids are looked up as 0)
-        module.keys[t] = tf.Variable(
-            ids[order] if n else np.array([EMPTY_KEY], np.int64), name=f"ps_keys_{t}"
-        )
+        keys = _padded_keys(ids[order])
+        module.keys[t] = tf.Variable(keys, name=f"ps_keys_{t}")
+        module.fence[t] = tf.Variable(keys[FENCE_BLOCK - 1 :: FENCE_BLOCK][None, :], name=f"ps_fence_{t}")
+        del keys
         module.overlay[t] = _dense_table(tf.constant(-1, tf.int64), f"ps_overlay_{t}")
         module.row_versions[t] = tf.Variable(
             tf.fill([cap, 2], tf.constant(-1, tf.int64)), shape=tf.TensorShape(None), name=f"ps_versions_{t}"
@@ -186,6 +193,14 @@ def _module(
             positions.insert(tf.constant(list(cut), tf.string), tf.constant(list(cut.values()), tf.int64))
         module.positions[t] = positions
     return module
+
+
+def _padded_keys(keys: np.ndarray) -> np.ndarray:
+    """Sorted ``keys`` followed by :data:`EMPTY_KEY` up to the next multiple of :data:`FENCE_BLOCK` (at least one:
+    so the last block ends with a key above every id, and an empty table has one block, never matched)."""
+    out = np.full((len(keys) // FENCE_BLOCK + 1) * FENCE_BLOCK, EMPTY_KEY, np.int64)
+    out[: len(keys)] = keys
+    return out
 
 
 def _dense_table(default: Any, name: str) -> Any:
@@ -228,6 +243,7 @@ class _Table:
         t = spec.name
         self.spec = spec
         self.slab, self.keys, self.overlay = module.slabs[t], module.keys[t], module.overlay[t]
+        self.fence = module.fence[t]
         self.versions, self.tombstones = module.row_versions[t], module.tombstones[t]
         self.owners, self.generation = module.owners[t], module.generation[t]
         self.free, self.free_count, self.used = module.free[t], module.free_count[t], module.used[t]
@@ -243,15 +259,21 @@ class _Table:
         safe = tf.minimum(ids, DELETED_KEY - 1)  # the hash tables refuse the sentinels; masked below
         over = tf.reshape(self.overlay.lookup(safe), [-1])
         keys = self.keys.read_value()  # never sparse-accessed: the read aliases the variable, no copy
-        pos = tf.reshape(
+        # the block that can hold each id: the first whose last key is >= it (the last block ends with EMPTY_KEY)
+        block = tf.reshape(
             tf.raw_ops.LowerBound(
-                sorted_inputs=tf.reshape(keys, [1, -1]), values=tf.reshape(safe, [1, -1]), out_type=tf.int64
+                sorted_inputs=self.fence.read_value(), values=tf.reshape(safe, [1, -1]), out_type=tf.int64
             ),
             [-1],
         )
-        last = tf.size(keys, out_type=tf.int64) - 1
+        within = tf.raw_ops.LowerBound(
+            sorted_inputs=tf.gather(tf.reshape(keys, [-1, FENCE_BLOCK]), block),
+            values=tf.reshape(safe, [-1, 1]),
+            out_type=tf.int64,
+        )
+        pos = block * FENCE_BLOCK + tf.reshape(within, [-1])
         # an exported id not changed since (overlay -1) whose key is found; ids (not safe): a reserved id misses
-        hit = tf.logical_and(tf.equal(tf.gather(keys, tf.minimum(pos, last)), ids), over == -1)
+        hit = tf.logical_and(tf.equal(tf.gather(keys, pos), ids), over == -1)
         return tf.where(ids >= DELETED_KEY, tf.constant(-1, tf.int64), tf.where(hit, pos, over))
 
     def slots(self, ids: Any) -> Any:
