@@ -420,6 +420,14 @@ class Stack:
                 total += float(m.group(2))
         return total
 
+    def gateway_cpu_s(self) -> float:
+        """CPU seconds (user + system) the gateway process has used so far (from /proc; 0 where it is missing)."""
+        try:
+            fields = Path(f"/proc/{self.gateway.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
     def gateway_rss_mb(self) -> float:
         from tests.support.stack import rss_bytes
 
@@ -1193,12 +1201,15 @@ async def _overload_front(
     runs: list[tuple[float, list[str], list[float], float, str]] = []
     for factor in (1.5, 3.0):
         shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
+        cpu0, t0 = st.gateway_cpu_s(), time.monotonic()
         with probe.span(spans):
             codes, lat = await asyncio.to_thread(run, factor * before, seconds, 256)
+        cpu, wall = st.gateway_cpu_s() - cpu0, time.monotonic() - t0
         shed = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) - v for k, v in shed0.items()}
         gw = (
             f"; gateway: shed {', '.join(f'{n:.0f} {k}' for k, n in shed.items())}, admission limit "
-            f"{st.metric('embedgate_admission_limit'):.0f} at the end; {_load()}; {how}"
+            f"{st.metric('embedgate_admission_limit'):.0f} at the end, CPU {cpu / wall:.2f} of a core "
+            f"({1000 * cpu / max(1, len(codes)):.2f} ms per request sent); {_load()}; {how}"
         )
         runs.append((factor, codes, lat, spans[-1], gw))
         await asyncio.sleep(2)
