@@ -47,6 +47,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -419,6 +420,21 @@ class Stack:
             if all(have.get(k) == v for k, v in (labels or {}).items()):
                 total += float(m.group(2))
         return total
+
+    def latency_buckets(self) -> dict[float, float]:
+        """The gateway's cumulative ``embedgate_request_duration_seconds`` buckets of the model's predict calls (both
+        fronts; every outcome counted after the request reached the model's route), by upper bound in seconds."""
+        import httpx
+
+        text = httpx.get(f"{self.ops}/metrics", timeout=_CALL_S).text
+        out: dict[float, float] = {}
+        pattern = rf'^embedgate_request_duration_seconds_bucket\{{([^}}]*model="{_MODEL}"[^}}]*)\}} (\S+)$'
+        for m in re.finditer(pattern, text, re.M):
+            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            if have.get("api") == "predict":
+                le = float(have["le"])
+                out[le] = out.get(le, 0.0) + float(m.group(2))
+        return out
 
     def gateway_cpu_s(self) -> float:
         """CPU seconds (user + system) the gateway process has used so far (from /proc; 0 where it is missing)."""
@@ -1136,6 +1152,17 @@ def _capacity(codes: Sequence[str], seconds: float) -> float:
     return sum(1 for c in codes if c == "OK") / seconds
 
 
+def _bucket_quantile(buckets: dict[float, float], q: float) -> str:
+    """The upper bound of the histogram bucket holding quantile ``q`` of cumulative ``buckets``, as text."""
+    total = buckets.get(math.inf, 0.0)
+    if total <= 0:
+        return "n/a"
+    for le in sorted(buckets):
+        if buckets[le] >= q * total:
+            return "inf" if math.isinf(le) else f"{le * 1000:g} ms"
+    return "inf"
+
+
 def _load() -> str:
     return f"load average {os.getloadavg()[0]:.1f}"
 
@@ -1201,15 +1228,17 @@ async def _overload_front(
     runs: list[tuple[float, list[str], list[float], float, str]] = []
     for factor in (1.5, 3.0):
         shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
-        cpu0, t0 = st.gateway_cpu_s(), time.monotonic()
+        cpu0, t0, b0 = st.gateway_cpu_s(), time.monotonic(), st.latency_buckets()
         with probe.span(spans):
             codes, lat = await asyncio.to_thread(run, factor * before, seconds, 256)
         cpu, wall = st.gateway_cpu_s() - cpu0, time.monotonic() - t0
+        inside = _bucket_quantile({k: v - b0.get(k, 0.0) for k, v in st.latency_buckets().items()}, 0.99)
         shed = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) - v for k, v in shed0.items()}
         gw = (
             f"; gateway: shed {', '.join(f'{n:.0f} {k}' for k, n in shed.items())}, admission limit "
             f"{st.metric('embedgate_admission_limit'):.0f} at the end, CPU {cpu / wall:.2f} of a core "
-            f"({1000 * cpu / max(1, len(codes)):.2f} ms per request sent); {_load()}; {how}"
+            f"({1000 * cpu / max(1, len(codes)):.2f} ms per request sent), p99 inside the gateway (routed "
+            f"predicts, any outcome) <= {inside}; {_load()}; {how}"
         )
         runs.append((factor, codes, lat, spans[-1], gw))
         await asyncio.sleep(2)
