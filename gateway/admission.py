@@ -202,11 +202,6 @@ class Admission:
         self._max_lag = settings.max_loop_lag_s if settings is not None else 0.0
         self.loop_lag = 0.0  # seconds: how late the event loop ran its last lag timer (see watch_lag)
         self._lagging = False  # the last _LAG_STREAK lag measurements were all above max_loop_lag_s
-        self._max_front_lag = settings.max_grpc_lag_s if settings is not None else 0.0
-        self.front_lag = (
-            0.0  # seconds: how late the gRPC front's loop ran its last lag timer (see watch_front_lag)
-        )
-        self._front_lagging = False  # written on the gRPC front's thread, read anywhere (one bool)
         self._queue_timeout = settings.queue_timeout_s if settings is not None else 0.0
         self._max_queue = settings.max_queue if settings is not None else 0
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -259,27 +254,6 @@ class Admission:
             if self._metrics is not None:
                 self._metrics.admission_loop_lag.set(self.loop_lag)
 
-    async def watch_front_lag(self, interval_s: float = 0.02) -> None:
-        """:meth:`watch_lag` for the gRPC front's own loop (run on it, until cancelled): a late timer there means calls
-        wait in gRPC's core before the front even sees them (its thread starved of the CPU or the interpreter by the
-        work admitted on the gateway's loop), where no refusal can reach them. While it runs more than
-        ``max_grpc_lag_s`` late in ``_LAG_STREAK`` measurements in a row, new requests of both fronts are refused at
-        once (``loop_lag``), so the admitted work shrinks until the front catches up."""
-        loop = asyncio.get_running_loop()
-        streak = 0
-        while True:
-            start = loop.time()
-            await asyncio.sleep(interval_s)
-            self.front_lag = max(0.0, loop.time() - start - interval_s)
-            streak = streak + 1 if self.front_lag > self._max_front_lag else 0
-            self._front_lagging = streak >= _LAG_STREAK
-            if self._metrics is not None:
-                self._metrics.admission_front_lag.set(self.front_lag)
-
-    def _behind(self) -> bool:
-        """A loop (the gateway's, or the gRPC front's) has run late for ``_LAG_STREAK`` measurements in a row."""
-        return (self._max_lag > 0 and self._lagging) or (self._max_front_lag > 0 and self._front_lagging)
-
     def saturated(self) -> str | None:
         """Why a request arriving now would be refused at once (``loop_lag``; ``queue_full``: no free slot and the
         queue full or off), or None. Notes the contention in the policy, as a refused :meth:`admit` would."""
@@ -300,7 +274,7 @@ class Admission:
         return self._shed(reason)
 
     def _reason(self) -> str | None:
-        if self._behind():
+        if self._max_lag > 0 and self._lagging:
             return "loop_lag"
         if not self._waiters and self.policy.has_room():
             return None
@@ -315,7 +289,7 @@ class Admission:
 
     def acquire(self) -> float:
         """Admit now or raise (never waits); returns the admission time (the clock's)."""
-        if self._behind():
+        if self._max_lag > 0 and self._lagging:
             raise self._shed("loop_lag")
         if self._waiters or not self.policy.try_acquire():
             raise self._shed("queue_full")
@@ -326,7 +300,7 @@ class Admission:
 
         Raises ResourceExhausted / Unavailable when refused. Cancelled while waiting: leaves the queue (or gives back a
         slot it was just handed) and re-raises."""
-        if self._behind():
+        if self._max_lag > 0 and self._lagging:
             self.policy.note_contention()
             raise self._shed("loop_lag")
         if not self._waiters and self.policy.try_acquire():
@@ -390,12 +364,7 @@ class Admission:
         if self._metrics is not None:
             self._metrics.admission_shed.labels(reason).inc()
         p = self.policy
-        if reason == "loop_lag" and self._max_front_lag > 0 and self._front_lagging:
-            msg = (
-                f"Overloaded: the gateway's gRPC front is running {self.front_lag * 1000:.0f} ms behind "
-                f"(admission.max_grpc_lag_s={self._max_front_lag:g}); retry later"
-            )
-        elif reason == "loop_lag":
+        if reason == "loop_lag":
             msg = (
                 f"Overloaded: the gateway is running {self.loop_lag * 1000:.0f} ms behind "
                 f"(admission.max_loop_lag_s={self._max_lag:g}); retry later"

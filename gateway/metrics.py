@@ -100,12 +100,6 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
-        self.admission_front_lag = Gauge(
-            "embedgate_admission_grpc_loop_lag_seconds",
-            "how late the gRPC front's own event loop ran admission's 20 ms timer, last measurement",
-            registry=r,
-            multiprocess_mode="livemax",
-        )
         self.admission_min_rtt = Gauge(
             "embedgate_admission_min_rtt_seconds",
             "last measured minimum round trip of an admitted request (the adaptive limit's baseline)",

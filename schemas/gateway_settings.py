@@ -140,13 +140,6 @@ class AdmissionSettings(_Strict):
         description="while the event loop runs this late in three measurements in a row (every 20 ms), new requests "
         "are refused at once (reason loop_lag); 0 = off",
     )
-    max_grpc_lag_s: float = Field(
-        0.0,
-        ge=0,
-        description="while the gRPC front's own event loop runs this late in three measurements in a row (every "
-        "20 ms), new requests of both fronts are refused at once (reason loop_lag): its calls are then waiting in "
-        "gRPC's core, unseen; 0 = off",
-    )
     max_queue: int = Field(
         64, ge=0, description="requests waiting for a slot at once; more are refused at once"
     )

@@ -15,7 +15,6 @@ open). Shutdown sets every status to NOT_SERVING first.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import gc
 import logging
 import sys
@@ -110,7 +109,6 @@ class GrpcFront:
         self._thread: threading.Thread | None = None
         self._server: grpc.aio.Server | None = None
         self._health: _Health | None = None
-        self._lag: concurrent.futures.Future[None] | None = None  # Admission.watch_front_lag on the gRPC loop
 
     def _build(self, core_loop: asyncio.AbstractEventLoop) -> None:
         """The server and its services (on the gRPC loop)."""
@@ -182,16 +180,11 @@ class GrpcFront:
         except BaseException:
             await self._close_loop()
             raise
-        if self._rt.settings.admission.max_grpc_lag_s > 0:
-            self._lag = asyncio.run_coroutine_threadsafe(self._rt.limiter.watch_front_lag(), self._loop)
         self._rt.readiness.subscribe(self._update_health)
         log.info("grpc started", extra={"address": self._address})
 
     async def stop(self, grace: float = 5.0) -> None:
         self._rt.readiness.unsubscribe(self._update_health)
-        if self._lag is not None:
-            self._lag.cancel()
-            self._lag = None
         if self._server is not None and self._health is not None:
             await self._on_grpc_loop(self._stop_here(grace))
         await self._close_loop()

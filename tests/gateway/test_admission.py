@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 import time
 
 import pytest
@@ -458,35 +457,3 @@ async def test_a_slow_release_rate_still_lets_one_request_wait() -> None:
         now[0] += 1.0
         adm.release(None)
     assert adm.queue_room == 1
-
-
-def test_a_late_grpc_front_loop_sheds_new_requests_of_both_fronts() -> None:
-    """The gRPC front's loop runs on a thread of its own: when it runs late three times in a row, the gateway's
-    admission (on another loop) refuses new requests at once, from either front, with its own reason text."""
-    metrics = Metrics()
-    adm = Admission(
-        8, 429, 1, AdmissionSettings(max_loop_lag_s=0, max_grpc_lag_s=0.1, queue_timeout_s=0), metrics
-    )
-
-    async def front() -> None:
-        watcher = asyncio.create_task(adm.watch_front_lag())
-        await asyncio.sleep(0)
-        for _ in range(3):
-            await _stall_loop(0.25)
-        watcher.cancel()
-
-    assert adm.saturated() is None
-    threading_loop = asyncio.new_event_loop()
-    try:
-        thread = threading.Thread(target=threading_loop.run_until_complete, args=(front(),))
-        thread.start()
-        thread.join(60)
-    finally:
-        threading_loop.close()
-    assert adm.front_lag >= 0.1 and adm.saturated() == "loop_lag"
-    with pytest.raises(
-        ResourceExhausted, match=r"gRPC front is running \d+ ms behind \(admission.max_grpc_lag_s=0.1\)"
-    ):
-        adm.acquire()
-    assert _shed(metrics, "loop_lag") == 1
-    assert (metrics.registry.get_sample_value("embedgate_admission_grpc_loop_lag_seconds") or 0) >= 0.1
