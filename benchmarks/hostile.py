@@ -27,9 +27,12 @@ Classes (REST and gRPC where the class applies), each bounded in count and time,
   the better of 16 and 64 clients): vegeta (REST) and ghz (gRPC, with up to 3 s of calls in flight, one connection
   per client up to 64) from ``.cache/go-bin`` (``make bench-tools``). Goodput is answers OK per second / capacity,
   the capacity being the better of the measurements before and after the two runs (the machine is shared); the
-  median latency of the 429 / RESOURCE_EXHAUSTED answers and the p99 of the OK ones, with the load average. With 2+
-  CPUs the load generators run on CPU 1 and the stack on the others (``--no-pin``: not pinned); ``--front`` runs
-  one front.
+  median latency of the 429 / RESOURCE_EXHAUSTED answers and the p99 of the OK ones, with the load average, the
+  gateway's CPU during the run (share of a core and ms per request sent, from /proc) and the p99 inside the gateway
+  (the bucket bound of its own ``embedgate_request_duration_seconds`` for the model's predicts, any outcome: what the
+  client saw beyond it was spent before the gateway's code ran). With 2+ CPUs the load generators run on CPU 1 and
+  the stack on the others (``--no-pin``: not pinned); ``--front`` runs one front. Environment variables reach the
+  gateway (e.g. ``EMBEDGATE_EVENT_LOOP=uvloop`` for an A/B run).
 * ``replica_kill_heal``: replica B SIGKILLed under REST + gRPC predicts, started again, then (once no replica is
   flagged catching up, bounded) answers marked degraded are counted.
 
