@@ -27,9 +27,12 @@ Classes (REST and gRPC where the class applies), each bounded in count and time,
   the better of 16 and 64 clients): vegeta (REST) and ghz (gRPC, with up to 3 s of calls in flight, one connection
   per client up to 64) from ``.cache/go-bin`` (``make bench-tools``). Goodput is answers OK per second / capacity,
   the capacity being the better of the measurements before and after the two runs (the machine is shared); the
-  median latency of the 429 / RESOURCE_EXHAUSTED answers and the p99 of the OK ones, with the load average. With 2+
-  CPUs the load generators run on CPU 1 and the stack on the others (``--no-pin``: not pinned); ``--front`` runs
-  one front.
+  median latency of the 429 / RESOURCE_EXHAUSTED answers and the p99 of the OK ones, with the load average, the
+  gateway's CPU during the run (share of a core and ms per request sent, from /proc) and the p99 inside the gateway
+  (the bucket bound of its own ``embedgate_request_duration_seconds`` for the model's predicts, any outcome: what the
+  client saw beyond it was spent before the gateway's code ran). With 2+ CPUs the load generators run on CPU 1 and
+  the stack on the others (``--no-pin``: not pinned); ``--front`` runs one front. Environment variables reach the
+  gateway (e.g. ``EMBEDGATE_EVENT_LOOP=uvloop`` for an A/B run).
 * ``replica_kill_heal``: replica B SIGKILLed under REST + gRPC predicts, started again, then (once no replica is
   flagged catching up, bounded) answers marked degraded are counted.
 
@@ -47,6 +50,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -419,6 +423,29 @@ class Stack:
             if all(have.get(k) == v for k, v in (labels or {}).items()):
                 total += float(m.group(2))
         return total
+
+    def latency_buckets(self) -> dict[float, float]:
+        """The gateway's cumulative ``embedgate_request_duration_seconds`` buckets of the model's predict calls (both
+        fronts; every outcome counted after the request reached the model's route), by upper bound in seconds."""
+        import httpx
+
+        text = httpx.get(f"{self.ops}/metrics", timeout=_CALL_S).text
+        out: dict[float, float] = {}
+        pattern = rf'^embedgate_request_duration_seconds_bucket\{{([^}}]*model="{_MODEL}"[^}}]*)\}} (\S+)$'
+        for m in re.finditer(pattern, text, re.M):
+            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            if have.get("api") == "predict":
+                le = float(have["le"])
+                out[le] = out.get(le, 0.0) + float(m.group(2))
+        return out
+
+    def gateway_cpu_s(self) -> float:
+        """CPU seconds (user + system) the gateway process has used so far (from /proc; 0 where it is missing)."""
+        try:
+            fields = Path(f"/proc/{self.gateway.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
     def gateway_rss_mb(self) -> float:
         from tests.support.stack import rss_bytes
@@ -1128,6 +1155,17 @@ def _capacity(codes: Sequence[str], seconds: float) -> float:
     return sum(1 for c in codes if c == "OK") / seconds
 
 
+def _bucket_quantile(buckets: dict[float, float], q: float) -> str:
+    """The upper bound of the histogram bucket holding quantile ``q`` of cumulative ``buckets``, as text."""
+    total = buckets.get(math.inf, 0.0)
+    if total <= 0:
+        return "n/a"
+    for le in sorted(buckets):
+        if buckets[le] >= q * total:
+            return "inf" if math.isinf(le) else f"{le * 1000:g} ms"
+    return "inf"
+
+
 def _load() -> str:
     return f"load average {os.getloadavg()[0]:.1f}"
 
@@ -1193,12 +1231,17 @@ async def _overload_front(
     runs: list[tuple[float, list[str], list[float], float, str]] = []
     for factor in (1.5, 3.0):
         shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
+        cpu0, t0, b0 = st.gateway_cpu_s(), time.monotonic(), st.latency_buckets()
         with probe.span(spans):
             codes, lat = await asyncio.to_thread(run, factor * before, seconds, 256)
+        cpu, wall = st.gateway_cpu_s() - cpu0, time.monotonic() - t0
+        inside = _bucket_quantile({k: v - b0.get(k, 0.0) for k, v in st.latency_buckets().items()}, 0.99)
         shed = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) - v for k, v in shed0.items()}
         gw = (
             f"; gateway: shed {', '.join(f'{n:.0f} {k}' for k, n in shed.items())}, admission limit "
-            f"{st.metric('embedgate_admission_limit'):.0f} at the end; {_load()}; {how}"
+            f"{st.metric('embedgate_admission_limit'):.0f} at the end, CPU {cpu / wall:.2f} of a core "
+            f"({1000 * cpu / max(1, len(codes)):.2f} ms per request sent), p99 inside the gateway (routed "
+            f"predicts, any outcome) <= {inside}; {_load()}; {how}"
         )
         runs.append((factor, codes, lat, spans[-1], gw))
         await asyncio.sleep(2)

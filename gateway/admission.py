@@ -56,6 +56,7 @@ __all__ = ["Admission", "GradientLimit", "Phase", "ShedMiddleware"]
 _LAG_STREAK: Final = 3  # late lag measurements in a row that make the loop count as backlogged
 _MIN_GRADIENT: Final = 0.5
 _MAX_GRADIENT: Final = 2.0
+_DRAIN_SAMPLES: Final = 32  # releases whose rate bounds the admission queue (Admission.queue_room)
 
 
 class Phase(enum.Enum):
@@ -204,6 +205,10 @@ class Admission:
         self._queue_timeout = settings.queue_timeout_s if settings is not None else 0.0
         self._max_queue = settings.max_queue if settings is not None else 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        # clock times of the last _DRAIN_SAMPLES releases: how fast slots free up, so how many waiters can be
+        # admitted within queue_timeout_s (:attr:`queue_room`); written on this object's loop only
+        self._releases: deque[float] = deque(maxlen=_DRAIN_SAMPLES)
+        self._drain_room = self._max_queue  # waiters the measured release rate admits within queue_timeout_s
         self._status = status
         self._retry_after = retry_after
         self._metrics = metrics
@@ -226,9 +231,12 @@ class Admission:
 
     @property
     def queue_room(self) -> int:
-        """Requests that may wait at once: ``max_queue``, and never more than the current limit, so a full queue holds
-        about one round trip of work (under sustained overload the refusals are then immediate, not timeouts)."""
-        return min(self._max_queue, self.policy.limit)
+        """Requests that may wait at once: ``max_queue``, never more than the current limit (a full queue holds about
+        one round trip of work), and never more than slots free up in ``queue_timeout_s`` at the rate of the last
+        :data:`_DRAIN_SAMPLES` releases (at least one): a waiter beyond that would most likely be shed after waiting
+        the whole budget, so it is refused at once instead (``queue_full``). Under sustained overload the refusals
+        are then immediate, not timeouts, and what waits is admitted within the budget."""
+        return min(self._max_queue, self.policy.limit, self._drain_room)
 
     async def watch_lag(self, interval_s: float = 0.02) -> None:
         """Measure how late the event loop runs a timer, every ``interval_s``, into :attr:`loop_lag`; a loop late by
@@ -322,11 +330,23 @@ class Admission:
         """Give a slot back (``admitted_at``: a round-trip sample, see :meth:`GradientLimit.release`); the oldest
         waiters get the slots now free."""
         self.policy.release(admitted_at)
+        self._note_release()
         while self._waiters and self.policy.has_room():
             fut = self._waiters.popleft()
             if not fut.done() and self.policy.try_acquire():
                 fut.set_result(None)
         self._show_limit()
+
+    def _note_release(self) -> None:
+        """Record a release and, once :data:`_DRAIN_SAMPLES` are known, the queue room they give (see
+        :attr:`queue_room`): releases per second over the last ones x ``queue_timeout_s``."""
+        now = self._clock()
+        rel = self._releases
+        rel.append(now)
+        if len(rel) == rel.maxlen:
+            span = now - rel[0]
+            room = (len(rel) - 1) * self._queue_timeout / span if span > 0 else math.inf
+            self._drain_room = max(1, int(room + 1e-9)) if room < self._max_queue else self._max_queue
 
     def _drop(self, fut: asyncio.Future[None]) -> None:
         fut.cancel()

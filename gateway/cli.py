@@ -28,7 +28,6 @@ _UVICORN: dict[str, Any] = {
     "access_log": False,
     "timeout_graceful_shutdown": 10,
     "timeout_keep_alive": 75,
-    "loop": "asyncio",
 }
 
 
@@ -156,6 +155,7 @@ def _run_workers(settings: Any) -> int:
         port=settings.port,
         workers=settings.workers,
         **_UVICORN,
+        loop=settings.event_loop,  # each worker's event loop
         **_ssl_args(settings),
         **limit_options(settings),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from schemas.gateway_settings import GatewaySettings
 
-__all__ = ["limit_options", "run", "serve"]
+__all__ = ["limit_options", "loop_factory", "run", "serve"]
 
 
 def limit_options(settings: GatewaySettings) -> dict[str, Any]:
@@ -43,7 +43,6 @@ async def serve(app: FastAPI, settings: GatewaySettings, **options: Any) -> None
     base: dict[str, Any] = {
         "log_config": None,
         "access_log": False,
-        "loop": "asyncio",
         **limit_options(settings),
     }
     servers = [_Server(uvicorn.Config(app, host=settings.host, port=settings.port, **{**base, **options}))]
@@ -73,6 +72,16 @@ async def serve(app: FastAPI, settings: GatewaySettings, **options: Any) -> None
             loop.remove_signal_handler(sig)
 
 
+def loop_factory(settings: GatewaySettings) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A new event loop of the kind ``settings.event_loop`` names (asyncio's default loop, or uvloop's)."""
+    if settings.event_loop == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
 def run(app: FastAPI, settings: GatewaySettings, **options: Any) -> None:
-    """Blocking :func:`serve` on a new asyncio loop."""
-    asyncio.run(serve(app, settings, **options))
+    """Blocking :func:`serve` on a new event loop (``settings.event_loop``)."""
+    with asyncio.Runner(loop_factory=loop_factory(settings)) as runner:
+        runner.run(serve(app, settings, **options))

@@ -212,6 +212,11 @@ class GatewaySettings(EnvOverFile):
         le=64,
         description="gateway processes sharing the port (uvicorn's supervisor; /metrics aggregates them all)",
     )
+    event_loop: Literal["asyncio", "uvloop"] = Field(
+        "asyncio",
+        description="event loop of the REST and ops ports and the gateway core (uvloop: libuv, a cheaper turn of "
+        "the loop per request; the gRPC front keeps its own asyncio loop)",
+    )
     request_timeout_s: float = Field(
         30.0,
         gt=0,

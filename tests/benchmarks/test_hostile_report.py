@@ -98,3 +98,11 @@ def test_descendants_finds_children_and_grandchildren() -> None:
             os.kill(grandchild, signal.SIGKILL)
         child.kill()
         child.communicate(timeout=30)  # closes its stdout
+
+
+def test_bucket_quantile_names_the_bucket_holding_the_quantile() -> None:
+    buckets = {0.1: 90.0, 0.5: 98.0, 1.0: 99.5, float("inf"): 100.0}  # cumulative, as Prometheus gives them
+    assert hostile._bucket_quantile(buckets, 0.5) == "100 ms"
+    assert hostile._bucket_quantile(buckets, 0.99) == "1000 ms"
+    assert hostile._bucket_quantile({**buckets, 1.0: 98.0}, 0.99) == "inf"
+    assert hostile._bucket_quantile({}, 0.99) == "n/a"

@@ -9,7 +9,7 @@ import time
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.admission import Admission, GradientLimit, Phase, ShedMiddleware
+from gateway.admission import _DRAIN_SAMPLES, Admission, GradientLimit, Phase, ShedMiddleware
 from gateway.errors import ResourceExhausted, Unavailable
 from gateway.metrics import Metrics
 from schemas.gateway_settings import AdmissionSettings
@@ -420,3 +420,40 @@ def test_refusals_from_another_thread_wake_the_loop_only_to_start_the_first_meas
         assert isinstance(adm.refusal_from_thread(loop), ResourceExhausted)  # type: ignore[arg-type]
     assert len(loop.scheduled) == 1  # later refusals only mark the contention, with no wake-up
     assert adm.policy._contended and _shed(metrics, "queue_full") == 11
+
+
+async def test_the_queue_holds_only_what_the_release_rate_admits_within_the_timeout() -> None:
+    """A waiter the measured release rate would not admit within queue_timeout_s is refused at once (queue_full),
+    not shed after waiting the whole budget."""
+    now = [0.0]
+    metrics = Metrics()
+    s = AdmissionSettings(adaptive=False, queue_timeout_s=0.1, max_queue=64)
+    adm = Admission(64, 429, 1, s, metrics, clock=lambda: now[0])
+    assert adm.queue_room == 64  # nothing measured yet: max_queue (and the limit)
+    for _ in range(_DRAIN_SAMPLES):  # 100 releases per second: 10 admitted within 0.1 s
+        await adm.admit()
+        now[0] += 0.01
+        adm.release(None)
+    assert adm.queue_room == 10
+    held = [await adm.admit() for _ in range(64)]
+    waiting = [asyncio.create_task(adm.admit()) for _ in range(10)]
+    await asyncio.sleep(0)
+    assert adm.waiting == 10
+    with pytest.raises(ResourceExhausted, match="10 waiting"):
+        await adm.admit()
+    assert _shed(metrics, "queue_full") == 1
+    for _ in range(_DRAIN_SAMPLES):  # slots now free up 10 times as fast (the first ten go to the waiters)
+        now[0] += 0.001
+        adm.release(held.pop())
+    await asyncio.gather(*waiting)
+    assert adm.waiting == 0 and adm.queue_room == 64
+
+
+async def test_a_slow_release_rate_still_lets_one_request_wait() -> None:
+    now = [0.0]
+    adm = Admission(1, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=0.1), clock=lambda: now[0])
+    for _ in range(_DRAIN_SAMPLES):  # one release a second: less than one admitted within 0.1 s
+        await adm.admit()
+        now[0] += 1.0
+        adm.release(None)
+    assert adm.queue_room == 1

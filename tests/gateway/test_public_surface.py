@@ -68,7 +68,7 @@ SURFACE = {
         "release_memory",
         "request_scope",
     ],
-    "gateway.servers": ["limit_options", "run", "serve"],
+    "gateway.servers": ["limit_options", "loop_factory", "run", "serve"],
     "tests.support.gateway": ["GatewayProc", "run_gateway", "serve_exported"],
 }
 
