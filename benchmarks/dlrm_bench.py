@@ -13,7 +13,8 @@ serving). Exported by ``embedgate.export`` three ways and saved whole:
   with 64-row stand-in tables: only their entries are served, fed with requests built from the real rows);
 * ``dlrm_whole``: the Keras model with its tables as one SavedModel.
 
-One serve-local serves all of them; an ``embedgate gateway`` serves ``dlrm`` (and, with ``--cache-mib``, a second
+One serve-local serves all of them (``--mmap-threshold``: its ``--malloc_mmap_threshold_bytes``, default 32 MiB, the
+setting for an entry server taking multi-megabyte requests; docs/serve-local.md "Memory"); an ``embedgate gateway`` serves ``dlrm`` (and, with ``--cache-mib``, a second
 gateway with a warm hot-row cache fed by a Kafka broker). Traffic, per batch size:
 
 * ``random``: every feature's id drawn as ``floor(card * u**6)`` (skewed to small ids; about 5,900 distinct rows for
@@ -24,7 +25,10 @@ gateway with a warm hot-row cache fed by a Kafka broker). Traffic, per batch siz
 Targets, measured interleaved (every round runs every target once, rotated order; median and spread of per-round
 ratios to ``whole``): ``whole`` and the three entry calls alone by the bare Python gRPC client
 (``benchmarks.split_client`` with no lookups, so the baseline and the entry calls share one client), the gateway over
-gRPC (the same bare client; cached and uncached) and REST (vegeta, when ``make bench-tools`` built it). Request bytes are the serialized requests' sizes. Before timing,
+gRPC (the same bare client; cached and uncached) and REST (vegeta, when ``make bench-tools`` built it). With
+``--ab-mmap-threshold N`` a second serve-local with ``--malloc_mmap_threshold_bytes=N`` serves the whole model and the
+``dlrm`` entry too, and its two calls join the rounds (``whole_ab``, ``entry_dlrm_ab``; ratios to the first
+serve-local's ``whole``): the malloc setting's A/B in one run. Request bytes are the serialized requests' sizes. Before timing,
 each entry's predictions are checked against the whole model's (printed as the max abs difference).
 """
 
@@ -263,6 +267,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.serving_bench import _create_topic, _summary, _wait_cache_serving
     from benchmarks.split_client import write_requests
     from schemas.deltas import delta_topic
+    from schemas.manifest import entry_model_name
     from tests.support.gateway import run_gateway
     from tests.support.ports import free_port
     from tests.support.servers import serve_local
@@ -290,8 +295,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         served = {"dlrm_whole": tmp / "whole"}
         for name in manifests:
             served.update(exported_backends(tmp / "out" / name, shards=[] if name != "dlrm" else None))
-        with serve_local(served) as backend:
+        with serve_local(served, extra_args=_malloc_args(args.mmap_threshold)) as backend:
             stack = contextlib.ExitStack()
+            ab_target = None
+            if args.ab_mmap_threshold is not None:
+                ab_served = {k: v for k, v in served.items() if k in ("dlrm_whole", entry_model_name("dlrm"))}
+                ab_target = stack.enter_context(
+                    serve_local(ab_served, extra_args=_malloc_args(args.ab_mmap_threshold))
+                ).target
             grpc_targets = {"gateway_grpc": free_port()}
             pids: dict[str, int] = {}  # target -> the gateway process whose CPU it costs
             gw = stack.enter_context(
@@ -373,6 +384,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             )
                             for name, path in files.items()
                         }
+                        if ab_target is not None:
+                            for name in ("whole", "entry_dlrm"):
+                                targets[f"{name}_ab"] = partial(
+                                    split_client, ab_target, files[name], clients=1, seconds=secs
+                                )
                         if (BIN / "vegeta").exists():
                             targets["gateway_rest"] = partial(
                                 vegeta, f"{gw.url}/v1/models/dlrm:predict", rest, clients=1, seconds=secs
@@ -402,6 +418,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _malloc_args(threshold: int) -> list[str]:
+    return [f"--malloc_mmap_threshold_bytes={threshold}"]
+
+
 def _table(report: dict[str, Any]) -> str:
     cols = [
         "entry_dlrm",
@@ -413,6 +433,8 @@ def _table(report: dict[str, Any]) -> str:
     ]
     if any("gateway_grpc_cache_ref" in r["p50"] for r in report["results"].values()):
         cols.insert(cols.index("gateway_rest"), "gateway_grpc_cache_ref")
+    if any("whole_ab" in r["p50"] for r in report["results"].values()):
+        cols += ["whole_ab", "entry_dlrm_ab"]
     head = (
         "| traffic / batch | distinct rows / slots | request bytes ÷ whole: unique f32 / bf16 / pooled | p50 ÷ whole "
         "(median, spread over rounds): "
@@ -474,6 +496,19 @@ def main(argv: list[str] | None = None) -> int:
         "--reference",
         action="store_true",
         help="also a cached gateway with EMBEDGATE_NATIVE=off (column gateway_grpc_cache_ref)",
+    )
+    p.add_argument(
+        "--mmap-threshold",
+        type=int,
+        default=32 << 20,
+        help="serve-local's --malloc_mmap_threshold_bytes (default 33554432, an entry server's setting)",
+    )
+    p.add_argument(
+        "--ab-mmap-threshold",
+        type=int,
+        default=None,
+        help="also a serve-local with this --malloc_mmap_threshold_bytes for the whole model and the dlrm entry "
+        "(columns whole_ab, dlrm_ab), e.g. 1048576, the PS setting",
     )
     p.add_argument(
         "--write", type=Path, default=None, help="rewrite the dlrm_bench section of this Markdown file"

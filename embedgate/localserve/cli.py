@@ -25,7 +25,19 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _bytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes >= 0, got {value}")
+    return value
+
+
 def register(subparsers: Any) -> None:
+    from embedgate.localserve.memory import MMAP_THRESHOLD  # ctypes only: keeps the CLI import-light
+
     p = subparsers.add_parser(
         "serve-local",
         help="serve SavedModels over TF Serving's gRPC API (development stand-in for tensorflow_model_server)",
@@ -123,6 +135,15 @@ def register(subparsers: Any) -> None:
         help="return free malloc memory to the OS (glibc malloc_trim) every this many seconds; <= 0 = never "
         "(default 2; docs/serve-local.md, Memory)",
     )
+    p.add_argument(
+        "--malloc_mmap_threshold_bytes",
+        "--malloc-mmap-threshold-bytes",
+        type=_bytes,
+        default=MMAP_THRESHOLD,
+        help="glibc malloc: blocks above this many bytes are mmap'ed and unmapped on free; the trim threshold is "
+        "set to twice it; 0 = glibc's dynamic thresholds (default 1048576, for PS writes; an entry server taking "
+        "multi-megabyte requests wants 33554432: docs/serve-local.md, Memory)",
+    )
     p.add_argument("--log_level", "--log-level", default="INFO", help="Python log level (default INFO)")
     p.set_defaults(func=_run)
 
@@ -130,7 +151,7 @@ def register(subparsers: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from embedgate.localserve.memory import configure_malloc
 
-    malloc = configure_malloc()  # first: before any thread makes a malloc arena
+    malloc = configure_malloc(mmap_threshold=args.malloc_mmap_threshold_bytes)  # first: before any thread
     logging.basicConfig(
         level=args.log_level.upper(),
         stream=sys.stderr,

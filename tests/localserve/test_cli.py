@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -110,10 +111,12 @@ def test_single_model_flags_and_sigterm(model_root: Path, tmp_path: Path) -> Non
                 "--model-base-path",
                 str(model_root / "half"),
                 "--file_system_poll_wait_seconds=0",
+                "--malloc_mmap_threshold_bytes=33554432",
             ],
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,
+            env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")},
         )
     try:
         target = f"127.0.0.1:{port}"
@@ -121,6 +124,7 @@ def test_single_model_flags_and_sigterm(model_root: Path, tmp_path: Path) -> Non
         assert list(_predict(target, "half", [2.0]).outputs["y"].float_val) == [3.0]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0, log.read_text()
+        assert "'MALLOC_MMAP_THRESHOLD_': 33554432, 'MALLOC_TRIM_THRESHOLD_': 67108864" in log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -133,6 +137,8 @@ def test_single_model_flags_and_sigterm(model_root: Path, tmp_path: Path) -> Non
         (["--model_config_file", "{tmp}/absent.config"], "absent.config: cannot read model config"),
         (["--model_config_file", "{tmp}/bad.config"], "bad.config: not a valid ModelServerConfig"),
         (["--rest_api_port", "8501"], "no REST API"),
+        (["--malloc_mmap_threshold_bytes", "-1"], "expected a number of bytes >= 0, got -1"),
+        (["--malloc_mmap_threshold_bytes", "1M"], "expected a number of bytes, got '1M'"),
     ],
 )
 def test_bad_flags_exit_2(tmp_path: Path, args: list[str], needle: str) -> None:
