@@ -27,7 +27,9 @@ a stream cut; -1 values count as none) is compared as -1. A table that reports s
 compared on that key (e.g. a partition of a topic its export did not cover); nor is a table missing from the answer
 (another version without it). Unknown is not behind: a replica whose ``stream_position`` call fails in transport
 (UNAVAILABLE, deadline) keeps what the previous poll found; one that answers without positions (no such signature,
-any other error) is not catching up.
+any other error) is not catching up while it answers so, but keeps its target: when it reports positions again it is
+caught up only once they reach it (its own past was reset when it went back, so without the target it would never be
+flagged again).
 
 The flags go to the shard's :class:`~gateway.backends.client.ReplicaSet`, which reads from caught-up replicas first
 and counts the reads a catching-up replica answered (``stale_reads``); :func:`mark_stale` turns those into the
@@ -143,8 +145,8 @@ class ShardPositions:
         for i, report in enumerate(reports):
             if report is NoPositions.NO_ANSWER:
                 continue
-            if report is NoPositions.UNKNOWN:
-                self.targets[i], self.lag[i], self.catching_up[i] = None, None, False
+            if report is NoPositions.UNKNOWN:  # not flagged while it answers so; what it must reach is kept
+                self.lag[i], self.catching_up[i] = None, False
                 continue
             if _behind(report, self.own[i]) is not None:  # it lost writes (again): replayed up to the marks
                 self.targets[i] = dict(before)

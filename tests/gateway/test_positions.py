@@ -129,6 +129,15 @@ def test_unknown_positions_do_not_flag_a_replica() -> None:
     assert s.observe([_at(50), NoPositions.UNKNOWN]) == [False, False]
 
 
+def test_an_answer_without_positions_does_not_forget_that_a_replica_lost_writes() -> None:
+    s = ShardPositions(2)
+    s.observe([_at(50), _at(50)])
+    assert s.observe([_at(50), _at(0)]) == [False, True]
+    assert s.observe([_at(50), NoPositions.UNKNOWN]) == [False, False]  # e.g. its model is loading again
+    assert s.observe([_at(50), _at(0)]) == [False, True]  # still short of the marks it had to reach
+    assert s.observe([_at(60), _at(50)]) == [False, False]  # replayed up to them: caught up
+
+
 def test_a_replica_that_does_not_answer_keeps_what_the_last_poll_found() -> None:
     s = ShardPositions(2)
     s.observe([_at(50), _at(50)])
