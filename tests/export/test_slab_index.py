@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -17,31 +16,11 @@ import pytest
 from embedgate.export.ps import read_ps_tables, write_ps_shard
 from embedgate.export.slab import DELETED_KEY, EMPTY_KEY, FENCE_BLOCK
 from schemas.manifest import TableSpec
+from tests.export.test_slab import DIM, _rows, _w
 from tests.export.tf1 import Tf1Model
 
-DIM = 4
 _OLD = Path(__file__).parent / "data" / "slab_before_fence"
 _OLD_IDS = np.array([3, 9, 12, 40, 41, 100], np.int64)
-
-
-def _rows(ids: Any) -> np.ndarray:
-    ids = np.asarray(ids, np.int64)
-    return (ids[:, None] + 0.5 * np.arange(DIM)[None, :]).astype(np.float32)
-
-
-def _feeds(ids: Any, ts: int, *, values: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    ids = np.asarray(ids, np.int64)
-    feeds = {
-        "ids": ids,
-        "timestamps_ms": np.full(len(ids), ts, np.int64),
-        "seqs": np.zeros(len(ids), np.int64),
-        "stream_partitions": np.zeros(0, object),
-        "stream_offsets": np.zeros(0, np.int64),
-        "stream_expected": np.zeros(0, np.int64),
-    }
-    if values is not None:
-        feeds["values"] = values
-    return feeds
 
 
 @pytest.mark.parametrize("n", [0, 1, FENCE_BLOCK - 1, FENCE_BLOCK, FENCE_BLOCK + 1, 3 * FENCE_BLOCK + 5])
@@ -91,8 +70,8 @@ def test_an_artifact_exported_before_the_fence_loads_and_answers(tmp_path: Path)
         probe = np.array([3, 4, 41, 100, 101, -5, EMPTY_KEY], np.int64)
         want = np.where(np.isin(probe, _OLD_IDS)[:, None], _rows(probe), np.float32(-1.0))
         np.testing.assert_array_equal(m.run("lookup", {"t_ids": probe})["t_values"], want)
-        m.run("upsert_t", _feeds([7, 41], 1, values=_rows([7, 41]) + 100))
-        m.run("delete_t", _feeds([9], 1))
+        m.run("upsert_t", _w([7, 41], 1, values=_rows([7, 41]) + 100))
+        m.run("delete_t", _w([9], 1))
         after = m.run("lookup", {"t_ids": np.array([7, 9, 41, 100], np.int64)})["t_values"]
         np.testing.assert_array_equal(
             after, np.stack([_rows([7])[0] + 100, np.full(DIM, -1.0), _rows([41])[0] + 100, _rows([100])[0]])
