@@ -441,11 +441,9 @@ class Stack:
 
     def gateway_cpu_s(self) -> float:
         """CPU seconds (user + system) the gateway process has used so far (from /proc; 0 where it is missing)."""
-        try:
-            fields = Path(f"/proc/{self.gateway.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+        from benchmarks.updater_bench import _cpu_s
+
+        return _cpu_s(self.gateway.proc.pid)
 
     def gateway_rss_mb(self) -> float:
         from tests.support.stack import rss_bytes
