@@ -50,6 +50,7 @@ from typing import Any
 
 from benchmarks.loadgen import BIN, Result, split_client, vegeta
 from benchmarks.report import markers, write_section
+from embedgate.localserve.memory import ENTRY_MMAP_THRESHOLD
 
 __all__ = ["CRITEO_CARDINALITIES", "build_dlrm", "main", "traffic"]
 
@@ -500,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--mmap-threshold",
         type=int,
-        default=32 << 20,
+        default=ENTRY_MMAP_THRESHOLD,
         help="serve-local's --malloc_mmap_threshold_bytes (default 33554432, an entry server's setting)",
     )
     p.add_argument(

@@ -39,9 +39,8 @@ __all__ = ["ARENA_MAX", "ENTRY_MMAP_THRESHOLD", "MMAP_THRESHOLD", "configure_mal
 _log = logging.getLogger(__name__)
 
 MMAP_THRESHOLD = 1 << 20  # bytes: larger blocks are mmap'ed and returned to the OS on free (a PS's writes)
-ENTRY_MMAP_THRESHOLD = (
-    32 << 20
-)  # bytes: an entry server's requests (up to 14 MB) reuse heap blocks (glibc's max)
+# bytes: an entry server's requests (up to 14 MB) reuse heap blocks (glibc's max)
+ENTRY_MMAP_THRESHOLD = 32 << 20
 ARENA_MAX = 2  # malloc arenas in all for a server that does not trim (glibc's default: 8 per core)
 _M_TRIM_THRESHOLD = -1  # mallopt parameter numbers (glibc malloc.h)
 _M_MMAP_THRESHOLD = -3
