@@ -222,12 +222,12 @@ def _check_equal(target: str, whole: bytes, entries: dict[str, bytes]) -> dict[s
 
 def _with_cpu(load: Callable[[], Result], pid: int, batch: int, out: list[float]) -> Callable[[], Result]:
     """``load``, appending the gateway CPU µs per example it cost (``/proc/<pid>/stat``, process tree) to ``out``."""
-    from benchmarks.native_serving_bench import _cpu_s
+    from tests.support.stack import cpu_seconds
 
     def run() -> Result:
-        before = _cpu_s(pid)
+        before = cpu_seconds(pid)
         res = load()
-        out.append((_cpu_s(pid) - before) / max(1, res.requests) / batch * 1e6)
+        out.append((cpu_seconds(pid) - before) / max(1, res.requests) / batch * 1e6)
         return res
 
     return run

@@ -73,6 +73,7 @@ import numpy.typing as npt
 
 from benchmarks.report import write_section
 from schemas.gateway_settings import GatewaySettings
+from tests.support.stack import cpu_seconds
 
 __all__ = ["BEGIN", "CLASSES", "END", "ClassResult", "main", "table", "verdict"]
 
@@ -441,9 +442,7 @@ class Stack:
 
     def gateway_cpu_s(self) -> float:
         """CPU seconds (user + system) the gateway process has used so far (from /proc; 0 where it is missing)."""
-        from benchmarks.updater_bench import _cpu_s
-
-        return _cpu_s(self.gateway.proc.pid)
+        return cpu_seconds(self.gateway.proc.pid, tree=False)
 
     def gateway_rss_mb(self) -> float:
         from tests.support.stack import rss_bytes

@@ -39,42 +39,20 @@ from benchmarks.serving_bench import (
     _save_whole,
     _wait_cache_serving,
 )
+from tests.support.stack import cpu_seconds
 
 HEADING = "## Embedding predict end to end: native hot path vs Python reference (issue 17)"
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (from /proc/<pid>/task/*/children)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-    return out
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid``'s process tree."""
-    total = 0
-    for p in _tree(pid):
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / _TICK
 
 
 def _measured(load: Callable[[], Result], pid: int | None) -> Callable[[], tuple[Result, float]]:
     """``load`` and the gateway CPU seconds per request it cost (nan for a target without a gateway)."""
 
     def run() -> tuple[Result, float]:
-        before = _cpu_s(pid) if pid is not None else 0.0
+        before = cpu_seconds(pid) if pid is not None else 0.0
         res = load()
         if pid is None:
             return res, float("nan")
-        return res, (_cpu_s(pid) - before) / max(1, res.requests)
+        return res, (cpu_seconds(pid) - before) / max(1, res.requests)
 
     return run
 

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.loadgen import vegeta
-from benchmarks.native_serving_bench import _cpu_s
 from benchmarks.serving_bench import _create_topic, _gateway_config, _wait_cache_serving
+from tests.support.stack import cpu_seconds
 
 # (stage, a frame marker: a function name, optionally "name (file" to pin the module); innermost match wins
 STAGES: tuple[tuple[str, str], ...] = (
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                 url = f"{gw.url}/v1/models/{m.model_name}:predict"
                 vegeta(url, body, clients=1, seconds=1)  # warm
                 raw = tmp / f"spy-{b}.txt"
-                start = _cpu_s(pid)
+                start = cpu_seconds(pid)
                 spy_proc = subprocess.Popen(
                     [
                         str(spy),
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                     stderr=subprocess.DEVNULL,
                 )
                 res = vegeta(url, body, clients=1, seconds=secs)
-                cpu = (_cpu_s(pid) - start) / max(1, res.requests)
+                cpu = (cpu_seconds(pid) - start) / max(1, res.requests)
                 spy_proc.wait(timeout=secs + 120)
                 print(
                     f"\n=== batch {b} REST: p50 {res.p50_ms} ms, {res.requests} requests ({len(body)} bytes each), "

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.report import markers, write_section
+from tests.support.stack import cpu_seconds
 
 if TYPE_CHECKING:
     from tests.support.stack import UpdaterProc
@@ -182,22 +183,13 @@ def _profiled(pid: int, path: Path | None) -> Iterator[None]:
             proc.wait(10)
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @contextlib.contextmanager
 def _cpu(pids: dict[str, int], out: dict[str, float], rows: int) -> Iterator[None]:
     """``out["<name>_cpu_ms_per_10k"]``: CPU each of ``pids`` used while the block ran, per 10 000 rows."""
-    before = {k: _cpu_s(p) for k, p in pids.items()}
+    before = {k: cpu_seconds(p, tree=False) for k, p in pids.items()}
     yield
     for k, p in pids.items():
-        out[f"{k}_cpu_ms_per_10k"] = (_cpu_s(p) - before[k]) * 1000 * 10_000 / rows
+        out[f"{k}_cpu_ms_per_10k"] = (cpu_seconds(p, tree=False) - before[k]) * 1000 * 10_000 / rows
 
 
 # -- load processes ---------------------------------------------------------------------------------------------
@@ -489,7 +481,7 @@ async def _sustain(ctx: _Ctx, rate: float, index: int) -> dict[str, Any]:
             await asyncio.sleep(_PROBE_POLL_S)
 
     deadline = time.monotonic() + a.sustain_seconds + a.timeout
-    cpu0 = _cpu_s(ctx.upd.proc.pid)
+    cpu0 = cpu_seconds(ctx.upd.proc.pid, tree=False)
     try:
         await asyncio.wait_for(asyncio.gather(read(), poll(deadline)), a.sustain_seconds + a.timeout + 5)
         rc = await asyncio.wait_for(proc.wait(), 30)
@@ -502,7 +494,7 @@ async def _sustain(ctx: _Ctx, rate: float, index: int) -> dict[str, Any]:
         err = (await proc.stderr.read()).decode()[-2000:]
         raise RuntimeError(f"updater_load sustain exited {rc}: {err}")
     t_all = await _wait_applied(ctx.upd, base + done["rows"], a.timeout)
-    cpu_ms_per_10k = (_cpu_s(ctx.upd.proc.pid) - cpu0) * 1000 * 10_000 / done["rows"]
+    cpu_ms_per_10k = (cpu_seconds(ctx.upd.proc.pid, tree=False) - cpu0) * 1000 * 10_000 / done["rows"]
     lat = [x for _, x in sorted(latencies)]  # in publish order
     third = max(1, len(lat) // 3)
     first_p50, last_p50 = statistics.median(lat[:third]), statistics.median(lat[-third:])

@@ -240,17 +240,25 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _pids(pid: int, tree: bool) -> list[int]:
+    """``pid``, and with ``tree`` its descendants too (from ``/proc/<pid>/task/*/children``)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        if p in out:
+            continue
+        out.append(p)
+        if tree:
+            todo.extend(_children(p))
+    return out
+
+
 def rss_bytes(pid: int, *, tree: bool = True) -> int:
     """Resident set size of ``pid`` (``VmRSS`` in ``/proc/<pid>/status``), plus its descendants' with ``tree``;
     0 for a process that is gone. Linux only."""
     total = 0
-    todo = [pid]
-    seen: set[int] = set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
+    for p in _pids(pid, tree):
         try:
             with open(f"/proc/{p}/status") as f:
                 for line in f:
@@ -259,6 +267,18 @@ def rss_bytes(pid: int, *, tree: bool = True) -> int:
                         break
         except OSError:
             continue
-        if tree:
-            todo.extend(_children(p))
     return total
+
+
+def cpu_seconds(pid: int, *, tree: bool = True) -> float:
+    """User + system CPU seconds ``pid`` has used so far (``utime`` + ``stime`` of ``/proc/<pid>/stat``), plus its
+    live descendants' with ``tree``; 0 for a process that is gone. Linux only."""
+    ticks = 0
+    for p in _pids(pid, tree):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # fields 14 and 15 of stat, counted after the command name
+    return ticks / os.sysconf("SC_CLK_TCK")
