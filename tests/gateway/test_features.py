@@ -24,36 +24,12 @@ from gateway.features import (
     batch_from_instances,
     client_signature,
 )
-from schemas.manifest import Manifest
 from schemas.proto import tfs_pb2
+from tests.gateway.feature_cases import MANIFEST
 
 tf = pytest.importorskip("tensorflow")
 
 REPO = Path(__file__).resolve().parents[2]
-
-MANIFEST = Manifest.model_validate(
-    {
-        "model_name": "m",
-        "version": 1,
-        "tables": [{"name": "users", "dim": 4}, {"name": "items", "dim": 3}],
-        "sparse_features": [
-            {"name": "user", "table": "users"},
-            {"name": "item", "table": "items", "weights": "item_w"},
-            {
-                "name": "genres",
-                "table": "items",
-                "kind": "multi",
-                "combiner": "mean",
-                "weights": "genres_w",
-                "max_ids": 5,
-            },
-            {"name": "tags", "table": "items", "kind": "multi", "combiner": "sqrtn"},
-        ],
-        "dense_features": [{"name": "age", "dim": 1}, {"name": "ctx", "dim": 2}],
-        "partition": {"num_shards": 3},
-        "entry": {"outputs": [{"name": "score", "shape": [1]}]},
-    }
-)
 
 # -- the data model used to render every form -------------------------------------------------------------------------
 

@@ -19,31 +19,7 @@ from hypothesis import strategies as st
 from gateway import features
 from gateway.errors import InvalidArgument
 from gateway.features import FeatureBatch, batch_from_columns, batch_from_instances
-from schemas.manifest import Manifest
-
-MANIFEST = Manifest.model_validate(
-    {
-        "model_name": "m",
-        "version": 1,
-        "tables": [{"name": "users", "dim": 4}, {"name": "items", "dim": 3}],
-        "sparse_features": [
-            {"name": "user", "table": "users"},
-            {"name": "item", "table": "items", "weights": "item_w"},
-            {
-                "name": "genres",
-                "table": "items",
-                "kind": "multi",
-                "combiner": "mean",
-                "weights": "genres_w",
-                "max_ids": 5,
-            },
-            {"name": "tags", "table": "items", "kind": "multi", "combiner": "sqrtn"},
-        ],
-        "dense_features": [{"name": "age", "dim": 1}, {"name": "ctx", "dim": 2}],
-        "partition": {"num_shards": 3},
-        "entry": {"outputs": [{"name": "score", "shape": [1]}]},
-    }
-)
+from tests.gateway.feature_cases import MANIFEST, defect
 
 _ID = st.integers(-(2**63), 2**63 - 1) | st.integers(0, 50)
 _WEIGHT = st.floats(-4, 4, width=32) | st.integers(-3, 3)
@@ -99,24 +75,7 @@ def _example(draw: st.DrawFn) -> dict[str, Any]:
     ex = draw(_well_formed())
     if draw(st.booleans()):
         return ex
-    key = draw(st.sampled_from(sorted(ex)))
-    how = draw(st.sampled_from(["leaf", "element", "length", "drop", "unknown", "wrap"]))
-    value = ex[key]
-    if how == "leaf":
-        ex[key] = draw(_ODD)
-    elif how == "element" and isinstance(value, list) and value:
-        value[draw(st.integers(0, len(value) - 1))] = draw(_ODD)
-    elif how == "length" and isinstance(value, list):
-        if value and draw(st.booleans()):
-            value.pop()
-        else:
-            value.extend([1] * draw(st.integers(1, 6)))
-    elif how == "drop":
-        del ex[key]
-    elif how == "unknown":
-        ex["unknown"] = 1
-    elif how == "wrap":
-        ex[key] = [value]
+    defect(draw, ex, _ODD)
     return ex
 
 

@@ -37,6 +37,7 @@ from gateway.routes.rest_codec import parse_predict_native, typed_features
 from schemas.gateway_settings import LimitsSettings
 from schemas.manifest import Manifest
 from schemas.proto import tfs_pb2
+from tests.gateway.feature_cases import defect
 from tests.support.native import native_mode
 
 pytestmark = pytest.mark.skipif(
@@ -121,28 +122,6 @@ def _example(draw: st.DrawFn, weights: dict[str, bool]) -> dict[str, Any]:
     return ex
 
 
-def _defect(draw: st.DrawFn, ex: dict[str, Any]) -> None:
-    """One defect in ``ex`` (in place): an odd leaf or element, a length, a dropped, unknown or wrapped key."""
-    key = draw(st.sampled_from(sorted(ex)))
-    how = draw(st.sampled_from(["leaf", "element", "length", "drop", "unknown", "wrap"]))
-    value = ex[key]
-    if how == "leaf":
-        ex[key] = draw(_ODD)
-    elif how == "element" and isinstance(value, list) and value:
-        value[draw(st.integers(0, len(value) - 1))] = draw(_ODD)
-    elif how == "length" and isinstance(value, list):
-        if value and draw(st.booleans()):
-            value.pop()
-        else:
-            value.extend([1] * draw(st.integers(1, 6)))
-    elif how == "drop":
-        del ex[key]
-    elif how == "unknown":
-        ex["unknown"] = 1
-    elif how == "wrap":
-        ex[key] = [value]
-
-
 _B64 = {"b64": base64.b64encode(tfs_pb2.Example().SerializeToString()).decode()}
 
 
@@ -152,20 +131,20 @@ def _body(draw: st.DrawFn) -> bytes:
     weights = {"item_w": draw(st.booleans()), "genres_w": draw(st.booleans()), "some": draw(st.booleans())}
     rows = draw(st.lists(_example(weights), min_size=1, max_size=5))
     columnar = draw(st.booleans())
-    defect = draw(st.sampled_from(["none", "none", "none", "value", "b64", "keys", "empty"]))
-    if defect == "value":
-        _defect(draw, rows[draw(st.integers(0, len(rows) - 1))])
+    kind = draw(st.sampled_from(["none", "none", "none", "value", "b64", "keys", "empty"]))
+    if kind == "value":
+        defect(draw, rows[draw(st.integers(0, len(rows) - 1))], _ODD)
     if columnar:
         names = sorted({k for r in rows for k in r})
         inputs: Any = {k: [r[k] for r in rows if k in r] for k in names}
-        if defect == "empty":
+        if kind == "empty":
             inputs = {k: [] for k in names}
         doc: dict[str, Any] = {"inputs": inputs}
     else:
-        if defect == "b64":
+        if kind == "b64":
             rows[draw(st.integers(0, len(rows) - 1))] = _B64
-        doc = {"instances": [] if defect == "empty" else rows}
-    if defect == "keys":
+        doc = {"instances": [] if kind == "empty" else rows}
+    if kind == "keys":
         doc = draw(st.sampled_from([{}, {**doc, "inputs": {}, "instances": rows}, {"instances": rows[0]}]))
     if draw(st.booleans()):
         doc["signature_name"] = "serving_default"

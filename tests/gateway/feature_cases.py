@@ -1,0 +1,59 @@
+"""What the gateway's feature-parsing tests share: the manifest they parse against and the one-defect mutation of a
+well-formed example that makes their hypothesis examples exercise every error branch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from schemas.manifest import Manifest
+
+__all__ = ["MANIFEST", "defect"]
+
+MANIFEST = Manifest.model_validate(
+    {
+        "model_name": "m",
+        "version": 1,
+        "tables": [{"name": "users", "dim": 4}, {"name": "items", "dim": 3}],
+        "sparse_features": [
+            {"name": "user", "table": "users"},
+            {"name": "item", "table": "items", "weights": "item_w"},
+            {
+                "name": "genres",
+                "table": "items",
+                "kind": "multi",
+                "combiner": "mean",
+                "weights": "genres_w",
+                "max_ids": 5,
+            },
+            {"name": "tags", "table": "items", "kind": "multi", "combiner": "sqrtn"},
+        ],
+        "dense_features": [{"name": "age", "dim": 1}, {"name": "ctx", "dim": 2}],
+        "partition": {"num_shards": 3},
+        "entry": {"outputs": [{"name": "score", "shape": [1]}]},
+    }
+)
+
+
+def defect(draw: st.DrawFn, ex: dict[str, Any], odd: st.SearchStrategy[Any]) -> None:
+    """One defect in ``ex`` (in place): a value or a list element replaced by a leaf drawn from ``odd``, a list made
+    longer or shorter, a key dropped, an unknown key added, or a value wrapped in a list."""
+    key = draw(st.sampled_from(sorted(ex)))
+    how = draw(st.sampled_from(["leaf", "element", "length", "drop", "unknown", "wrap"]))
+    value = ex[key]
+    if how == "leaf":
+        ex[key] = draw(odd)
+    elif how == "element" and isinstance(value, list) and value:
+        value[draw(st.integers(0, len(value) - 1))] = draw(odd)
+    elif how == "length" and isinstance(value, list):
+        if value and draw(st.booleans()):
+            value.pop()
+        else:
+            value.extend([1] * draw(st.integers(1, 6)))
+    elif how == "drop":
+        del ex[key]
+    elif how == "unknown":
+        ex["unknown"] = 1
+    elif how == "wrap":
+        ex[key] = [value]
