@@ -3,16 +3,20 @@ well-formed example that makes their hypothesis examples exercise every error br
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from hypothesis import strategies as st
 
 from schemas.manifest import Manifest
 
-__all__ = ["MANIFEST", "defect"]
+__all__ = ["MANIFEST", "ODD", "defect", "manifest_doc"]
 
-MANIFEST = Manifest.model_validate(
-    {
+
+def manifest_doc() -> dict[str, Any]:
+    """A fresh copy of the manifest document: single and multi features over two tables, weights, ``max_ids``, dense
+    features of dim 1 and 2."""
+    return {
         "model_name": "m",
         "version": 1,
         "tables": [{"name": "users", "dim": 4}, {"name": "items", "dim": 3}],
@@ -33,6 +37,31 @@ MANIFEST = Manifest.model_validate(
         "partition": {"num_shards": 3},
         "entry": {"outputs": [{"name": "score", "shape": [1]}]},
     }
+
+
+MANIFEST = Manifest.model_validate(manifest_doc())
+
+# Odd leaves, each wrong for some kind of feature: bools, null, strings, floats as ids, ids beyond int64, -0, values beyond float32 and
+# double, NaN and infinity, empty and nested lists, objects.
+ODD = st.sampled_from(
+    [
+        True,
+        False,
+        None,
+        "1",
+        1.0,
+        2**63,
+        -(2**63) - 1,
+        10**400,
+        math.nan,
+        math.inf,
+        -0.0,
+        3.5e38,
+        -1e39,
+        [],
+        [[1]],
+        {},
+    ]
 )
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 from typing import Any
 
 import numpy as np
@@ -37,7 +36,7 @@ from gateway.routes.rest_codec import parse_predict_native, typed_features
 from schemas.gateway_settings import LimitsSettings
 from schemas.manifest import Manifest
 from schemas.proto import tfs_pb2
-from tests.gateway.feature_cases import defect
+from tests.gateway.feature_cases import ODD, defect, manifest_doc
 from tests.support.native import native_mode
 
 pytestmark = pytest.mark.skipif(
@@ -45,30 +44,16 @@ pytestmark = pytest.mark.skipif(
     reason="embedgate_native with the feature parser is not built (make install)",
 )
 
-MANIFEST = Manifest.model_validate(
-    {
-        "model_name": "m",
-        "version": 1,
-        "tables": [{"name": "users", "dim": 4}, {"name": "items", "dim": 3}],
-        "sparse_features": [
-            {"name": "user", "table": "users"},
-            {"name": "item", "table": "items", "weights": "item_w"},
-            {
-                "name": "genres",
-                "table": "items",
-                "kind": "multi",
-                "combiner": "mean",
-                "weights": "genres_w",
-                "max_ids": 5,
-                "mask_zero": True,
-            },
-            {"name": "tags", "table": "items", "kind": "multi", "combiner": "sqrtn"},
-        ],
-        "dense_features": [{"name": "age", "dim": 1}, {"name": "ctx", "dim": 3}],
-        "partition": {"num_shards": 3},
-        "entry": {"outputs": [{"name": "score", "shape": [1]}]},
-    }
-)
+
+def _manifest() -> Manifest:
+    """feature_cases' manifest with a ``mask_zero`` history and a dense feature of dim 3."""
+    doc = manifest_doc()
+    doc["sparse_features"][2]["mask_zero"] = True
+    doc["dense_features"][1]["dim"] = 3
+    return Manifest.model_validate(doc)
+
+
+MANIFEST = _manifest()
 LIMITS = LimitsSettings()
 
 _ID = st.integers(-(2**63), 2**63 - 1) | st.integers(0, 9)
@@ -79,25 +64,6 @@ _DENSE = (
     st.floats(allow_nan=False, allow_infinity=False)
     | st.integers(-(2**70), 2**70)
     | st.sampled_from([1e39, -3.5e38, 5e-324, 2**53 + 1, 10**300])
-)
-_ODD = st.sampled_from(
-    [
-        True,
-        False,
-        None,
-        "1",
-        1.0,
-        2**63,
-        -(2**63) - 1,
-        10**400,
-        math.nan,
-        math.inf,
-        -0.0,
-        3.5e38,
-        [],
-        [[1]],
-        {},
-    ]
 )
 _MINUS_ZERO = b"-0"  # a JSON literal the reference reads as the int 0 and serde_json as -0.0
 
@@ -133,7 +99,7 @@ def _body(draw: st.DrawFn) -> bytes:
     columnar = draw(st.booleans())
     kind = draw(st.sampled_from(["none", "none", "none", "value", "b64", "keys", "empty"]))
     if kind == "value":
-        defect(draw, rows[draw(st.integers(0, len(rows) - 1))], _ODD)
+        defect(draw, rows[draw(st.integers(0, len(rows) - 1))], ODD)
     if columnar:
         names = sorted({k for r in rows for k in r})
         inputs: Any = {k: [r[k] for r in rows if k in r] for k in names}
