@@ -1,5 +1,5 @@
-"""What the gateway's feature-parsing tests share: the manifest they parse against and the one-defect mutation of a
-well-formed example that makes their hypothesis examples exercise every error branch."""
+"""What the gateway's feature-parsing tests share: the manifest they parse against, the odd leaves and the
+one-defect mutation of a well-formed example that make their hypothesis examples exercise every error branch."""
 
 from __future__ import annotations
 
