@@ -55,7 +55,6 @@ import os
 import random
 import re
 import secrets
-import signal
 import struct
 import subprocess
 import sys
@@ -323,6 +322,7 @@ class Stack:
     manifest: Any = None
     model_dir: Path = Path()
     broker: Any = None
+    replicas: Any = None  # tests.support.replicas.TwoReplicas once started
     a: Any = None
     b: Any = None
     b_port: int = 0
@@ -353,10 +353,8 @@ class Stack:
 
         from schemas.manifest import Manifest
         from tests.support.gateway import run_gateway
-        from tests.support.kafka import kafka_broker
         from tests.support.ports import free_port
-        from tests.support.servers import serve_local
-        from tests.support.stack import embedding_model, exported_backends, run_updater
+        from tests.support.replicas import start_two_replicas
 
         _say("building the small demo model ...")
         out = self.work / "models"
@@ -371,21 +369,9 @@ class Stack:
         self.manifest = Manifest.load(self.model_dir)
         self.instances = json.loads((self.model_dir / "example_request.json").read_text())["instances"]
         _say("starting Kafka, serve-local A and B, the updater, the gateway ...")
-        self.broker = self.stack.enter_context(kafka_broker(self.work / "kafka"))
-        self.a = self.stack.enter_context(serve_local(exported_backends(self.model_dir)))
-        self.b_port = free_port()
-        self.b = self.stack.enter_context(
-            serve_local(exported_backends(self.model_dir, entry=False), port=self.b_port)
-        )
-        replicas = [self.a.target, f"127.0.0.1:{self.b_port}"]
-        model = embedding_model(
-            self.model_dir, entry=self.a.target, shards=[replicas] * self.manifest.num_shards
-        )
-        self.updater = self.stack.enter_context(
-            run_updater(
-                {"models": [model], "bootstrap_servers": self.broker.bootstrap}, self.work, tag="updater"
-            )
-        )
+        self.replicas = start_two_replicas(self.stack, self.work, self.model_dir, self.manifest.num_shards)
+        self.broker, self.a, self.b = self.replicas.broker, self.replicas.a, self.replicas.b
+        self.b_port, self.updater, model = self.replicas.b_port, self.replicas.updater, self.replicas.model
         tokens = self.work / "tokens.txt"
         tokens.write_text(f"{self.token}\n")
         self.grpc_port, self.ops_port = free_port(), free_port()
@@ -404,14 +390,9 @@ class Stack:
         self.gateway = self.stack.enter_context(run_gateway(cfg, ready_timeout=120))
 
     def restart_b(self) -> None:
-        from tests.support.servers import serve_local
-        from tests.support.stack import exported_backends
-
-        self.b.proc.send_signal(signal.SIGKILL)
-        self.b.proc.wait(30)
-        self.b = self.stack.enter_context(
-            serve_local(exported_backends(self.model_dir, entry=False), port=self.b_port)
-        )
+        """SIGKILL replica B and start it again on the same export and port (bounded waits in serve_local)."""
+        self.replicas.kill_b()
+        self.b = self.replicas.start_b()
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         """Sum of the gateway's samples of ``name`` (ops port) whose labels include ``labels``."""

@@ -42,7 +42,6 @@ import contextlib
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -216,6 +215,7 @@ class Soak:
     grpc_port: int = 0
     updater: Any = None
     broker: Any = None
+    replicas: Any = None  # tests.support.replicas.TwoReplicas once started
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     published: Published = field(default_factory=Published)
     rest: Counts = field(default_factory=Counts)
@@ -242,27 +242,13 @@ class Soak:
         import yaml
 
         from tests.support.gateway import run_gateway
-        from tests.support.kafka import kafka_broker
         from tests.support.ports import free_port
-        from tests.support.servers import serve_local
-        from tests.support.stack import embedding_model, exported_backends, run_updater
+        from tests.support.replicas import start_two_replicas
 
         _say("starting Kafka, serve-local A and B, the updater, the gateway ...")
-        self.broker = self.stack.enter_context(kafka_broker(self.work / "kafka"))
-        self.a = self.stack.enter_context(serve_local(exported_backends(self.model_dir)))
-        self.b_port = free_port()
-        self.b = self.stack.enter_context(
-            serve_local(exported_backends(self.model_dir, entry=False), port=self.b_port)
-        )
-        replicas = [self.a.target, f"127.0.0.1:{self.b_port}"]
-        model = embedding_model(
-            self.model_dir, entry=self.a.target, shards=[replicas] * self.manifest.num_shards
-        )
-        self.updater = self.stack.enter_context(
-            run_updater(
-                {"models": [model], "bootstrap_servers": self.broker.bootstrap}, self.work, tag="updater"
-            )
-        )
+        self.replicas = start_two_replicas(self.stack, self.work, self.model_dir, self.manifest.num_shards)
+        self.broker, self.a, self.b = self.replicas.broker, self.replicas.a, self.replicas.b
+        self.b_port, self.updater, model = self.replicas.b_port, self.replicas.updater, self.replicas.model
         cfg = self.work / "gateway.yaml"
         cfg.write_text(yaml.safe_dump({"models": [model]}))
         self.grpc_port = free_port()
@@ -272,15 +258,9 @@ class Soak:
 
     def restart_b(self) -> None:
         """SIGKILL replica B and start it again on the same export and port (bounded waits in serve_local)."""
-        from tests.support.servers import serve_local
-        from tests.support.stack import exported_backends
-
-        self.b.proc.send_signal(signal.SIGKILL)
-        self.b.proc.wait(30)
+        self.replicas.kill_b()
         self.events["b_killed"] = time.monotonic() - self.t0
-        self.b = self.stack.enter_context(
-            serve_local(exported_backends(self.model_dir, entry=False), port=self.b_port)
-        )
+        self.b = self.replicas.start_b()
         self.events["b_back"] = time.monotonic() - self.t0
         self.b_restarts += 1
 
