@@ -13,6 +13,12 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# No wall-clock limits in tests (the machines are shared and noisy): hypothesis' per-example deadline is off for
+# every test; a test that sets its own settings keeps them.
+settings.register_profile("embedgate", deadline=None)
+settings.load_profile("embedgate")
 
 
 @pytest.fixture(scope="session")
@@ -76,8 +82,9 @@ def _process_globals_restored(request: pytest.FixtureRequest) -> Iterator[None]:
     collections far more frequent, which moves when another test's garbage is collected)."""
     switch = sys.getswitchinterval()
     yield
-    if request.module is not None and _talks_to_kafka(request.module):
+    froze = gc.get_freeze_count() > 0
+    if froze:
+        gc.unfreeze()  # first: a frozen object is never collected, so a leak frozen with the heap would outlive the test
+    if froze or (request.module is not None and _talks_to_kafka(request.module)):
         _collect_leaked_kafka_connections(request.node.nodeid)
-    if gc.get_freeze_count():
-        gc.unfreeze()
     sys.setswitchinterval(switch)

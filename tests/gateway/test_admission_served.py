@@ -56,7 +56,8 @@ def _config(tmp_path: Path, target: str, grpc_port: int) -> Path:
         "grpc_port": grpc_port,
         "max_in_flight": _LIMIT,
         "retry_after_s": 2,
-        "admission": {"min_limit": _LIMIT, "max_queue": 5, "queue_timeout_s": 0.5},
+        # the loop-lag shedder off: a loaded machine must not add a third reason to the counts checked here
+        "admission": {"min_limit": _LIMIT, "max_queue": 5, "queue_timeout_s": 0.5, "max_loop_lag_s": 0},
     }
     path = tmp_path / "gateway.yaml"
     path.write_text(json.dumps(config), encoding="utf-8")
@@ -149,15 +150,18 @@ def test_a_burst_over_the_limit_is_shed_with_clear_answers_and_counted(tmp_path:
             assert all(
                 isinstance(c, tuple) and c[0] == grpc.StatusCode.RESOURCE_EXHAUSTED for c in refused
             ), refused
-            assert all(
-                "retry later" in c[1] and "max_in_flight=2" in c[1] for c in refused if isinstance(c, tuple)
-            )
+            # every refusal names the bound; the gRPC front may also refuse a call while more than max_in_flight
+            # messages are being read (reason receiving), which a loaded machine can make happen in a burst
+            grpc_texts = [c[1] for c in refused if isinstance(c, tuple)]
+            assert all("retry later" in t and "max_in_flight" in t for t in grpc_texts), grpc_texts
+            receiving = sum("being received at once" in t for t in grpc_texts)
             # counted by reason, both fronts together; the wait of every queued request observed
-            assert _metric(gw, "embedgate_admission_shed_total", 'reason="queue_full"') == 2 * (
-                _BURST - _LIMIT - _QUEUE
-            )
-            assert _metric(gw, "embedgate_admission_shed_total", 'reason="queue_timeout"') == 2 * _QUEUE
-            assert _metric(gw, "embedgate_admission_queue_wait_seconds_count") == 2 * _QUEUE
+            full = _metric(gw, "embedgate_admission_shed_total", 'reason="queue_full"')
+            timed = _metric(gw, "embedgate_admission_shed_total", 'reason="queue_timeout"')
+            assert _metric(gw, "embedgate_admission_shed_total", 'reason="receiving"') == receiving
+            assert full + timed + receiving == 2 * shed_per_burst
+            assert full >= _BURST - _LIMIT - _QUEUE and timed >= _QUEUE  # REST's alone, checked above
+            assert _metric(gw, "embedgate_admission_queue_wait_seconds_count") == timed
             assert _metric(gw, "embedgate_requests_rejected_total") == 2 * shed_per_burst
             # admitted requests after the burst still succeed
             ok = httpx.post(f"{gw.url}/v1/models/m:predict", json={"instances": [1.0]}, timeout=_WAIT_S)

@@ -243,7 +243,8 @@ async def test_tensor_content_responses_decode(tf_models: dict[str, Any]) -> Non
 
 
 async def test_deadline_gives_504(make_client: Any) -> None:
-    async with make_client(request_timeout_s=0.15) as client:
+    # 400k loop steps take about 3 s in TensorFlow, a step about 1 s less than the deadline on a loaded machine
+    async with make_client(request_timeout_s=1.0) as client:
         r = await post(client, "/v1/models/slow:predict", {"instances": [1]})
         assert r.status_code == 200, r.text
         r = await post(client, "/v1/models/slow:predict", {"instances": [400_000]})

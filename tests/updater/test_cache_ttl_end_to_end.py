@@ -28,7 +28,9 @@ from updater.producer import DeltaPublisher
 
 pytestmark = pytest.mark.integration
 
-TTL_S = 4.0
+# Long enough that the row cannot expire between its write and the two predicts that show it cached, on a loaded
+# machine; the test waits about this long for the expiry.
+TTL_S = 10.0
 
 
 async def _predict(client: httpx.AsyncClient, url: str, instances: list[dict[str, Any]]) -> np.ndarray:
