@@ -16,9 +16,9 @@ its last call returns. ``--trace``: also the median time of every op of each gra
 runs (``RunOptions.FULL_TRACE``), the profile that showed the slab lookup's costs (docs/benchmarks.md "Slab vs
 hash, interleaved"), and how many nodes each executes per call.
 
-``--serve-local``: instead of in process, one serve-local serving one shard of each layout (two models in the same
-process, so both share its pools, allocator and gRPC server) is called over gRPC, one call per layout and batch
-(``lookup`` with ``--batch`` ids), the order alternating; ``--calls`` is rounded to blocks of 100 calls per layout,
+``--serve-local``: instead of in process, one serve-local serving the shards of both layouts (twice ``--shards``
+models in the same process, so both share its pools, allocator and gRPC server) is called over gRPC, per batch one
+``lookup`` call per shard (concurrently with ``--shards 4``) on each layout, the order alternating; ``--calls`` is rounded to blocks of 100 calls per layout,
 blocks alternating too. Printed as above plus the server's CPU time per call of each layout (the threads' run time
 from ``/proc/<pid>/task/*/schedstat`` summed over a block, divided by its calls) and the per-block ratio. Where the
 in-process ratio and this one differ, the difference lies between the graph and the answer.
@@ -92,7 +92,9 @@ def _cpu_ns(pid: int) -> int:
     return total
 
 
-def _serve_local(args: argparse.Namespace, paths: dict[str, Path], ids: Any, rng: Any) -> None:
+def _serve_local(
+    args: argparse.Namespace, paths: dict[str, list[Path]], ids: list[Any], rng: Any, pool: ThreadPoolExecutor
+) -> None:
     """The ``--serve-local`` measure (module docstring): per-call latency and server CPU per call, interleaved."""
     import grpc
 
@@ -103,7 +105,7 @@ def _serve_local(args: argparse.Namespace, paths: dict[str, Path], ids: Any, rng
 
     block = 100
     blocks = max(1, args.calls // block)
-    served = {f"ps_{lay}": paths[lay].parent for lay in LAYOUTS}
+    served = {f"ps_{lay}_{s}": path.parent for lay in LAYOUTS for s, path in enumerate(paths[lay])}
     with serve_local(served) as server, grpc.insecure_channel(server.target) as channel:
         predict = channel.unary_unary(
             "/tensorflow.serving.PredictionService/Predict",
@@ -111,21 +113,30 @@ def _serve_local(args: argparse.Namespace, paths: dict[str, Path], ids: Any, rng
             response_deserializer=tfs_pb2.PredictResponse.FromString,
         )
 
-        def call(lay: str, batch: Any) -> None:
-            req = tfs_pb2.PredictRequest(
-                model_spec=tfs_pb2.ModelSpec(name=f"ps_{lay}", signature_name="lookup")
-            )
+        def one(name: str, batch: Any) -> None:
+            req = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name=name, signature_name="lookup"))
             req.inputs[lookup_ids_input("t")].CopyFrom(from_ndarray(batch))
             to_ndarray(predict(req, timeout=30).outputs[lookup_values_output("t")])
 
+        def call(lay: str, batch: list[Any]) -> None:
+            """One call per shard, concurrently (one thread each) when there are several."""
+            if len(batch) == 1:
+                one(f"ps_{lay}_0", batch[0])
+                return
+            for done in [pool.submit(one, f"ps_{lay}_{s}", b) for s, b in enumerate(batch)]:
+                done.result()
+
+        def draw() -> list[Any]:
+            return [rng.choice(mine, args.batch) for mine in ids]
+
         for _ in range(100):  # warm-up
-            batch = rng.choice(ids, args.batch)
+            batch = draw()
             for lay in LAYOUTS:
                 call(lay, batch)
         times: dict[str, list[float]] = {lay: [] for lay in LAYOUTS}
         cpu: dict[str, list[float]] = {lay: [] for lay in LAYOUTS}
         for k in range(blocks):
-            batches = [rng.choice(ids, args.batch) for _ in range(block)]
+            batches = [draw() for _ in range(block)]
             for lay in LAYOUTS if k % 2 == 0 else LAYOUTS[::-1]:
                 c0 = _cpu_ns(server.proc.pid)
                 for b in batches:
@@ -177,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--shards", type=int, default=1, help="shards per layout, called concurrently per batch")
     ap.add_argument("--trace", action="store_true")
-    ap.add_argument("--serve-local", action="store_true", help="call one serve-local over gRPC (one shard)")
+    ap.add_argument("--serve-local", action="store_true", help="call one serve-local over gRPC")
     args = ap.parse_args(argv)
     if min(args.rows, args.batch, args.calls, args.shards) <= 0:
         ap.error("--rows, --batch, --calls and --shards must be positive")
@@ -192,17 +203,17 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(1)
     with tempfile.TemporaryDirectory(prefix="slab-lookup-") as tmp, ThreadPoolExecutor(args.shards) as pool:
         sessions: dict[str, list[tuple[Any, str, str]]] = {lay: [] for lay in LAYOUTS}
-        paths: dict[str, Path] = {}
+        paths: dict[str, list[Path]] = {}
         for lay in LAYOUTS:
             for s in range(args.shards):
                 values = np.random.default_rng(s).standard_normal((args.rows, 64), dtype=np.float32)
                 path = Path(tmp) / f"{lay}_{s}" / "1"
                 write_ps_shard(path, spec, {"t": (ids[s], values)}, layout=PsLayout(lay))
-                paths[lay] = paths.get(lay, path)
+                paths.setdefault(lay, []).append(path)
                 if not args.serve_local:
                     sessions[lay].append(_load(path))
         if args.serve_local:
-            _serve_local(args, paths, ids[0], rng)
+            _serve_local(args, paths, ids, rng, pool)
             return 0
 
         def batches(n: int) -> list[list[Any]]:

@@ -257,7 +257,7 @@ class _Table:
         import tensorflow as tf
 
         safe = tf.minimum(ids, DELETED_KEY - 1)  # the hash tables refuse the sentinels; masked below
-        over = tf.reshape(self.overlay.lookup(safe), [-1])
+        over = self.overlay.lookup(safe)  # [n]: the table's values are scalars
         keys = self.keys.read_value()  # never sparse-accessed: the read aliases the variable, no copy
         # the block that can hold each id: the first whose last key is >= it (the last block ends with EMPTY_KEY)
         block = tf.reshape(
@@ -294,14 +294,14 @@ class _Table:
         import tensorflow as tf
 
         slot = tf.bitwise.bitwise_and(tf.maximum(ref, 0), _SLOT_MASK)
-        rows = tf.gather(self.slab, slot)
+        rows = tf.cast(tf.gather(self.slab, slot), tf.float32)  # no op for float32 rows
         with tf.control_dependencies([rows]):
             owner = tf.gather(self.owners, slot)
-        ok = tf.logical_and(
-            ref >= 0, tf.equal(owner, tf.cast(tf.bitwise.right_shift(ref, _SLOT_BITS), tf.int32))
-        )
-        default = tf.constant(self.spec.default_value, tf.float32, shape=[1, self.spec.dim])
-        return tf.where(tf.expand_dims(ok, 1), tf.cast(rows, tf.float32), default)
+        # a negative reference shifts (arithmetically) to generation -1, which no slot has: no separate ref >= 0
+        ok = tf.equal(owner, tf.cast(tf.bitwise.right_shift(ref, _SLOT_BITS), tf.int32))
+        # Select with a vector condition copies whole rows; SelectV2 broadcasting a [1, dim] default is 4x slower
+        default = tf.fill(tf.shape(rows), tf.constant(self.spec.default_value, tf.float32))
+        return tf.raw_ops.Select(condition=ok, x=rows, y=default)
 
     def stored(self, ids: Any) -> tuple[Any, Any]:
         """(slot or -1, int64 [n, 2] stored version: the row's, else the tombstone's, else (-1, -1))."""
