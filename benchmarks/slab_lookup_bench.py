@@ -12,14 +12,16 @@ shard sizes of the 1 M and 4 M ladder steps (4 shards); ``--batch 128`` is a 512
 ``--shards 4``: four shards of ``--rows`` per layout, each batch one call per shard from four threads at once (a
 512-id batch of the ladder, as serve-local runs its shards' calls: do concurrent calls of the slab's many-op graph
 queue on TensorFlow's shared inter-op pool where the hash layout's one op does not?); the time of a batch is until
-its last call returns. ``--trace``: also the median time of every op of each graph (first shard) over 50 traced
+its last call returns; the process's CPU time per batch is printed too. ``--timeout-ms N``: every call with
+``RunOptions(timeout_in_ms=N)``, as serve-local and ``tensorflow_model_server`` run a request that has a deadline
+(TensorFlow's session then runs the step asynchronously instead of on the calling thread). ``--trace``: also the median time of every op of each graph (first shard) over 50 traced
 runs (``RunOptions.FULL_TRACE``), the profile that showed the slab lookup's costs (docs/benchmarks.md "Slab vs
 hash, interleaved"), and how many nodes each executes per call.
 
 ``--serve-local``: instead of in process, one serve-local serving the shards of both layouts (twice ``--shards``
 models in the same process, so both share its pools, allocator and gRPC server) is called over gRPC, per batch one
-``lookup`` call per shard (concurrently with ``--shards 4``) on each layout, the order alternating; ``--calls`` is rounded to blocks of 100 calls per layout,
-blocks alternating too. Printed as above plus the server's CPU time per call of each layout (the threads' run time
+``lookup`` call per shard (concurrently with ``--shards 4``) on each layout, the order alternating; ``--calls`` is
+rounded to blocks of 100 calls per layout, blocks alternating too. Printed as above plus the server's CPU time per call of each layout (the threads' run time
 from ``/proc/<pid>/task/*/schedstat`` summed over a block, divided by its calls) and the per-block ratio. Where the
 in-process ratio and this one differ, the difference lies between the graph and the answer.
 """
@@ -166,19 +168,28 @@ def _print(args: argparse.Namespace, times: dict[str, list[float]], where: str) 
 
 
 def _timed_calls(
-    sessions: dict[str, list[tuple[Any, str, str]]], batches: list[list[Any]], pool: ThreadPoolExecutor
-) -> dict[str, list[float]]:
-    """Seconds per batch on each layout: a batch is one id array per shard, the shards called concurrently from
-    ``pool`` (one thread each, as serve-local's gRPC threads would), the order of the layouts alternating."""
+    sessions: dict[str, list[tuple[Any, str, str]]],
+    batches: list[list[Any]],
+    pool: ThreadPoolExecutor,
+    options: Any = None,
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Seconds per batch on each layout, and the process CPU seconds per batch of each (mean): a batch is one id
+    array per shard, the shards called concurrently from ``pool`` (one thread each, as serve-local's gRPC threads
+    would), the order of the layouts alternating. ``options``: the ``RunOptions`` of every call (None: none)."""
     times: dict[str, list[float]] = {lay: [] for lay in LAYOUTS}
+    cpu = dict.fromkeys(LAYOUTS, 0.0)
     for k, batch in enumerate(batches):
         for lay in LAYOUTS if k % 2 == 0 else LAYOUTS[::-1]:
-            t0 = time.perf_counter()
-            calls = [pool.submit(s.run, o, {i: b}) for (s, i, o), b in zip(sessions[lay], batch, strict=True)]
+            c0, t0 = time.process_time(), time.perf_counter()
+            calls = [
+                pool.submit(s.run, o, {i: b}, options=options)
+                for (s, i, o), b in zip(sessions[lay], batch, strict=True)
+            ]
             for call in calls:
                 call.result()
             times[lay].append(time.perf_counter() - t0)
-    return times
+            cpu[lay] += time.process_time() - c0
+    return times, {lay: spent / len(batches) for lay, spent in cpu.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,6 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--shards", type=int, default=1, help="shards per layout, called concurrently per batch")
     ap.add_argument("--trace", action="store_true")
+    ap.add_argument(
+        "--timeout-ms",
+        type=int,
+        default=0,
+        help="in process: run every call with RunOptions.timeout_in_ms (as a request deadline makes serve-local "
+        "and TF Serving do; 0: none)",
+    )
     ap.add_argument("--serve-local", action="store_true", help="call one serve-local over gRPC")
     args = ap.parse_args(argv)
     if min(args.rows, args.batch, args.calls, args.shards) <= 0:
@@ -219,9 +237,18 @@ def main(argv: list[str] | None = None) -> int:
         def batches(n: int) -> list[list[Any]]:
             return [[rng.choice(mine, args.batch) for mine in ids] for _ in range(n)]
 
-        _timed_calls(sessions, batches(100), pool)  # warm-up
-        times = _timed_calls(sessions, batches(args.calls), pool)
-        _print(args, times, "in process")
+        options = None
+        if args.timeout_ms:
+            import tensorflow as tf
+
+            options = tf.compat.v1.RunOptions(timeout_in_ms=args.timeout_ms)
+        _timed_calls(sessions, batches(100), pool, options)  # warm-up
+        times, cpu = _timed_calls(sessions, batches(args.calls), pool, options)
+        _print(args, times, f"in process, timeout_in_ms {args.timeout_ms}")
+        print(
+            f"  process CPU per batch: hash {cpu['hash'] * 1e6:.0f} us, slab {cpu['slab'] * 1e6:.0f} us "
+            f"(slab / hash {cpu['slab'] / cpu['hash']:.3f})"
+        )
         if args.trace:
             for lay in LAYOUTS:
                 s, i, o = sessions[lay][0]
