@@ -1,7 +1,7 @@
 """One shard's ``lookup`` in process, slab vs hash layout, call by call: what the lookup graph itself costs.
 
     .venv/bin/python -m benchmarks.slab_lookup_bench [--rows 250000] [--batch 128] [--calls 2000] [--shards 1]
-                                                     [--trace]
+                                                     [--trace] [--timeout-ms 0] [--serve-local]
 
 Both layouts of a shard of ``--rows`` rows (dim 64) are exported to a temporary directory and loaded with the TF1
 loader (``tf.compat.v1.saved_model.loader.load``, as ``tensorflow_model_server`` loads them), each in its own
@@ -14,15 +14,17 @@ shard sizes of the 1 M and 4 M ladder steps (4 shards); ``--batch 128`` is a 512
 queue on TensorFlow's shared inter-op pool where the hash layout's one op does not?); the time of a batch is until
 its last call returns; the process's CPU time per batch is printed too. ``--timeout-ms N``: every call with
 ``RunOptions(timeout_in_ms=N)``, as serve-local and ``tensorflow_model_server`` run a request that has a deadline
-(TensorFlow's session then runs the step asynchronously instead of on the calling thread). ``--trace``: also the median time of every op of each graph (first shard) over 50 traced
-runs (``RunOptions.FULL_TRACE``), the profile that showed the slab lookup's costs (docs/benchmarks.md "Slab vs
-hash, interleaved"), and how many nodes each executes per call.
+(TensorFlow's session then runs the step asynchronously instead of on the calling thread). ``--trace``: also the
+median time of every op of each graph (first shard) over 50 traced runs (``RunOptions.FULL_TRACE``), the profile
+that showed the slab lookup's costs (docs/benchmarks.md "Slab vs hash, interleaved"), and how many nodes each
+executes per call.
 
 ``--serve-local``: instead of in process, one serve-local serving the shards of both layouts (twice ``--shards``
 models in the same process, so both share its pools, allocator and gRPC server) is called over gRPC, per batch one
 ``lookup`` call per shard (concurrently with ``--shards 4``) on each layout, the order alternating; ``--calls`` is
-rounded to blocks of 100 calls per layout, blocks alternating too. Printed as above plus the server's CPU time per call of each layout (the threads' run time
-from ``/proc/<pid>/task/*/schedstat`` summed over a block, divided by its calls) and the per-block ratio. Where the
+rounded to blocks of 100 batches per layout, blocks alternating too. Printed as above plus the server's CPU time
+per batch of each layout (the threads' run time from ``/proc/<pid>/task/*/schedstat`` summed over a block, divided
+by its batches) and the per-block ratio. Every call carries a 30 s deadline, as the gateway's do. Where the
 in-process ratio and this one differ, the difference lies between the graph and the answer.
 """
 
@@ -97,7 +99,7 @@ def _cpu_ns(pid: int) -> int:
 def _serve_local(
     args: argparse.Namespace, paths: dict[str, list[Path]], ids: list[Any], rng: Any, pool: ThreadPoolExecutor
 ) -> None:
-    """The ``--serve-local`` measure (module docstring): per-call latency and server CPU per call, interleaved."""
+    """The ``--serve-local`` measure (module docstring): per-batch latency and server CPU per batch, interleaved."""
     import grpc
 
     from schemas.manifest import lookup_ids_input, lookup_values_output
@@ -150,7 +152,7 @@ def _serve_local(
     ratios = [a / b for a, b in zip(cpu["slab"], cpu["hash"], strict=True)]
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     for lay in LAYOUTS:
-        print(f"  {lay}: server CPU per call median {statistics.median(cpu[lay]) * 1e6:.0f} us")
+        print(f"  {lay}: server CPU per batch median {statistics.median(cpu[lay]) * 1e6:.0f} us")
     print(f"  per-block server CPU slab / hash: median {q[1]:.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})")
 
 
