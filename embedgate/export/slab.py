@@ -257,7 +257,7 @@ class _Table:
         import tensorflow as tf
 
         safe = tf.minimum(ids, DELETED_KEY - 1)  # the hash tables refuse the sentinels; masked below
-        over = tf.reshape(self.overlay.lookup(safe), [-1])
+        over = self.overlay.lookup(safe)  # [n]: the table's values are scalars
         keys = self.keys.read_value()  # never sparse-accessed: the read aliases the variable, no copy
         # the block that can hold each id: the first whose last key is >= it (the last block ends with EMPTY_KEY)
         block = tf.reshape(
@@ -294,14 +294,14 @@ class _Table:
         import tensorflow as tf
 
         slot = tf.bitwise.bitwise_and(tf.maximum(ref, 0), _SLOT_MASK)
-        rows = tf.gather(self.slab, slot)
+        rows = tf.cast(tf.gather(self.slab, slot), tf.float32)  # no op for float32 rows
         with tf.control_dependencies([rows]):
             owner = tf.gather(self.owners, slot)
-        ok = tf.logical_and(
-            ref >= 0, tf.equal(owner, tf.cast(tf.bitwise.right_shift(ref, _SLOT_BITS), tf.int32))
-        )
-        default = tf.constant(self.spec.default_value, tf.float32, shape=[1, self.spec.dim])
-        return tf.where(tf.expand_dims(ok, 1), tf.cast(rows, tf.float32), default)
+        # a negative reference shifts (arithmetically) to generation -1, which no slot has: no separate ref >= 0
+        ok = tf.equal(owner, tf.cast(tf.bitwise.right_shift(ref, _SLOT_BITS), tf.int32))
+        # Select with a vector condition copies whole rows; SelectV2 broadcasting a [1, dim] default is 4x slower
+        default = tf.fill(tf.shape(rows), tf.constant(self.spec.default_value, tf.float32))
+        return tf.raw_ops.Select(condition=ok, x=rows, y=default)
 
     def stored(self, ids: Any) -> tuple[Any, Any]:
         """(slot or -1, int64 [n, 2] stored version: the row's, else the tombstone's, else (-1, -1))."""
@@ -322,14 +322,9 @@ class _Table:
         ok, ov = self.overlay.export()
         ok, ov = tf.reshape(ok, [-1]), tf.reshape(ov, [-1])
         mine = tf.logical_and(ok < DELETED_KEY, ov >= 0)
-        ids = tf.concat([tf.boolean_mask(keys, base), tf.boolean_mask(ok, mine)], 0)
-        slots = tf.concat(
-            [
-                tf.boolean_mask(tf.range(tf.size(keys, out_type=tf.int64)), base),
-                tf.bitwise.bitwise_and(tf.boolean_mask(ov, mine), _SLOT_MASK),
-            ],
-            0,
-        )
+        base, mine = _where(base), _where(mine)
+        ids = tf.concat([tf.gather(keys, base), tf.gather(ok, mine)], 0)
+        slots = tf.concat([base, tf.bitwise.bitwise_and(tf.gather(ov, mine), _SLOT_MASK)], 0)
         return ids, slots
 
     def allocate(self, n: Any) -> tuple[Any, list[Any]]:
@@ -423,6 +418,14 @@ class _Table:
         return tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=slots, updates=values)
 
 
+def _where(mask: Any) -> Any:
+    """int64 [k]: the positions where the 1-D bool ``mask`` is true; ``tf.gather(x, _where(m))`` is
+    ``tf.boolean_mask(x, m)`` in two ops (``boolean_mask`` adds a dozen shape ops, each traced at export)."""
+    import tensorflow as tf
+
+    return tf.reshape(tf.where(mask), [-1])
+
+
 def _safe(ids: Any) -> Any:
     """``ids`` with the reserved sentinels replaced by 0 (a hash table refuses to look them up)."""
     import tensorflow as tf
@@ -498,14 +501,11 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
         uniq, win = winners(ids, timestamps, seqs)
         ts, seq = tf.gather(timestamps, win), tf.gather(seqs, win)
         slot, stored = tab.stored(uniq)
-        newer = tf.logical_and(newer_versions(stored, ts, seq), uniq < DELETED_KEY)  # reserved ids: ignored
-        stamps = tf.stack([tf.boolean_mask(ts, newer), tf.boolean_mask(seq, newer)], axis=1)
-        return (
-            tf.boolean_mask(uniq, newer),
-            tf.boolean_mask(win, newer),
-            stamps,
-            tf.boolean_mask(slot, newer),
-        )
+        newer = _where(
+            tf.logical_and(newer_versions(stored, ts, seq), uniq < DELETED_KEY)
+        )  # reserved: ignored
+        stamps = tf.gather(tf.stack([ts, seq], axis=1), newer)
+        return tf.gather(uniq, newer), tf.gather(win, newer), stamps, tf.gather(slot, newer)
 
     def make_upsert(tab: _Table) -> Callable[..., dict[str, Any]]:
         def upsert(
@@ -520,7 +520,7 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
             def body() -> dict[str, Any]:
                 keep, rows, stamps, slot = applicable(tab, ids, timestamps_ms, seqs)
                 fresh = slot < 0
-                new_ids = tf.boolean_mask(keep, fresh)
+                new_ids = tf.gather(keep, _where(fresh))
                 got, ops = tab.allocate(tf.size(new_ids, out_type=tf.int64))
                 slots = tf.tensor_scatter_nd_update(slot, tf.where(fresh), got)
                 with tf.control_dependencies(ops):
@@ -560,7 +560,7 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
         ) -> dict[str, Any]:
             def body() -> dict[str, Any]:
                 gone, _, stamps, slot = applicable(tab, ids, timestamps_ms, seqs)
-                ops = tab.forget(gone, tf.boolean_mask(slot, slot >= 0), stamps)
+                ops = tab.forget(gone, tf.gather(slot, _where(slot >= 0)), stamps)
                 previous = advance_positions(tab.position, stream_partitions, stream_offsets, stream_expected)
                 return _write_result(tab, gone, previous, ops)
 
@@ -579,7 +579,8 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
                 ids, slots = tab.live()
                 cutoff = now_ms - int(tab.spec.ttl_s * 1000)
                 old = tf.reshape(tf.gather(tab.written, slots), [-1]) < cutoff
-                gone, gone_slots = tf.boolean_mask(ids, old), tf.boolean_mask(slots, old)
+                old = _where(old)
+                gone, gone_slots = tf.gather(ids, old), tf.gather(slots, old)
                 # the tombstone's version is the cutoff: a write no newer than it (which would have expired by now)
                 # cannot resurrect the row; a newer one (a trainer touching the id again) brings it back
                 stamps = tf.stack(

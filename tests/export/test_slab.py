@@ -180,6 +180,27 @@ def test_reserved_ids_look_up_to_the_default_row_and_are_never_written(tmp_path:
         write_ps_shard(tmp_path / "2", [spec], {"t": (np.array([EMPTY_KEY], np.int64), _rows([0]))})
 
 
+@pytest.mark.parametrize("exported", [True, False], ids=["exported", "written"])
+def test_reserved_ids_never_answer_the_row_of_the_largest_ordinary_id(tmp_path: Path, exported: bool) -> None:
+    """The lookup searches the index for a reserved id as for DELETED_KEY - 1 (the hash tables refuse the
+    sentinels): the row of that id, exported or written later, must not be answered for them."""
+    spec = TableSpec(name="t", dim=DIM, default_value=3.0)
+    top = DELETED_KEY - 1
+    rows = (
+        (np.array([0, top], np.int64), _rows([0, 1])) if exported else (np.array([0], np.int64), _rows([0]))
+    )
+    write_ps_shard(tmp_path / "1", [spec], {"t": rows})
+    m = Tf1Model(tmp_path / "1")
+    try:
+        if not exported:
+            assert int(m.run("upsert_t", _w([top], 5, values=_rows([1])))["applied"]) == 1
+        np.testing.assert_array_equal(
+            _lookup(m, [top, EMPTY_KEY, DELETED_KEY]), [_rows([1])[0], [3.0] * DIM, [3.0] * DIM]
+        )
+    finally:
+        m.close()
+
+
 def test_the_oov_key_of_lookup_tables_is_an_ordinary_id(tmp_path: Path) -> None:
     """-2**63 is the OOV row of every StringLookup / IntegerLookup table (gateway.lookup_mapping.OOV_KEY): it is
     exported, looked up, rewritten and deleted like any other id."""
