@@ -22,13 +22,13 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.loadgen import ghz, protoset
-from benchmarks.native_serving_bench import _cpu_s
 from benchmarks.serving_bench import (
     _create_topic,
     _gateway_config,
     _gateway_grpc_request,
     _wait_cache_serving,
 )
+from tests.support.stack import cpu_seconds
 
 
 def _variant(text: str) -> tuple[str, dict[str, str]]:
@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                 for r in range(args.rounds):
                     for name in names[r % len(names) :] + names[: r % len(names)]:
                         pid, address = gateways[name]
-                        before = _cpu_s(pid)
+                        before = cpu_seconds(pid)
                         res = ghz(address, req, proto_set, clients=1, seconds=secs)
-                        cpu = (_cpu_s(pid) - before) / max(1, res.requests) / b * 1e6
+                        cpu = (cpu_seconds(pid) - before) / max(1, res.requests) / b * 1e6
                         got[name].append((cpu, res.p50_ms))
                 for name, vals in got.items():
                     cpus, p50s = [v[0] for v in vals], [v[1] for v in vals]

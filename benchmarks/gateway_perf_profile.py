@@ -32,13 +32,13 @@ from functools import partial
 from pathlib import Path
 
 from benchmarks.loadgen import Result, ghz, protoset, vegeta
-from benchmarks.native_serving_bench import _cpu_s
 from benchmarks.serving_bench import (
     _create_topic,
     _gateway_config,
     _gateway_grpc_request,
     _wait_cache_serving,
 )
+from tests.support.stack import cpu_seconds
 
 
 def _report(data: Path, sort: str, lines: int) -> str:
@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             gw = stack.enter_context(run_gateway(cfg, ready_timeout=180, env=env))
             _wait_cache_serving(gw.url, m.model_name)
             pid = gw.proc.pid
-            before = _cpu_s(pid)
+            before = cpu_seconds(pid)
             time.sleep(3)
-            print(f"idle gateway CPU: {(_cpu_s(pid) - before) / 3 * 1e3:.1f} ms per second", flush=True)
+            print(f"idle gateway CPU: {(cpu_seconds(pid) - before) / 3 * 1e3:.1f} ms per second", flush=True)
             for b in args.batches:
                 instances, _ = make_examples(b, 5_000, seed=b)
                 req = _gateway_grpc_request(instances, m)
@@ -142,11 +142,11 @@ def main(argv: list[str] | None = None) -> int:
                     load = loads[front]
                     load()  # warm
                     data = tmp / f"{args.profiler}-{b}-{front}.data"
-                    start = _cpu_s(pid)
+                    start = cpu_seconds(pid)
                     prof = record(pid, data, secs)
                     res = load()
                     prof.wait(timeout=secs + 120)
-                    cpu = (_cpu_s(pid) - start) / max(1, res.requests)
+                    cpu = (cpu_seconds(pid) - start) / max(1, res.requests)
                     print(
                         f"\n=== batch {b} {front}: p50 {res.p50_ms} ms, {res.requests} requests, gateway CPU "
                         f"{cpu * 1e3:.2f} ms per request, {cpu / b * 1e6:.2f} µs per example",
