@@ -39,6 +39,7 @@ from embedgate.localserve.errors import (
     InvalidArgumentError,
     ServingError,
 )
+from embedgate.localserve.request import DIRECT_ENV, ContentInputs
 from embedgate.localserve.tensors import (
     decode_tensor,
     dtype_name,
@@ -62,7 +63,7 @@ _SCORES = "scores"
 _STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 _PLAN_CACHE_SIZE = 32  # run plans kept per servable (one per feed-name set and fetch list seen; LRU)
 # "off" makes every run go through ``Session.run`` (the reference path; for A/B benchmarks and debugging)
-_DIRECT_RUN_ENV = "EMBEDGATE_SERVE_DIRECT_RUN"
+_DIRECT_RUN_ENV = DIRECT_ENV
 
 
 @dataclass(frozen=True)
@@ -161,20 +162,34 @@ class Servable:
 
     # -- predict ------------------------------------------------------------------------------------------------
     def predict(
-        self, request: predict_pb2.PredictRequest, *, as_content: bool = False, timeout: float | None = None
+        self,
+        request: predict_pb2.PredictRequest,
+        *,
+        as_content: bool = False,
+        timeout: float | None = None,
+        contents: ContentInputs | None = None,
     ) -> predict_pb2.PredictResponse:
-        """Run the request's signature; ``timeout`` (seconds, None = none) bounds ``Session.run``."""
+        """Run the request's signature; ``timeout`` (seconds, None = none) bounds ``Session.run``. ``contents``: inputs
+        already taken out of the received bytes (``request.py``), checked like ``request.inputs``; no alias is in
+        both."""
         key, sig = self.signature(request.model_spec.signature_name)
         if sig.method_name not in (PREDICT_METHOD, CLASSIFY_METHOD, REGRESS_METHOD):
             raise InternalError(
                 f"Expected prediction signature method_name to be one of {{{PREDICT_METHOD}, {CLASSIFY_METHOD}, "
                 f"{REGRESS_METHOD}}}. Was: {sig.method_name}"
             )
-        _check_input_names(sig, request.inputs.keys())
+        contents = contents or {}
+        _check_input_names(sig, [*request.inputs.keys(), *contents])
         feeds = {}
-        for alias in sorted(request.inputs):
+        for alias in sorted([*request.inputs, *contents]):
             info = sig.inputs[alias]
-            feeds[_tensor_name(info, alias)] = _decode_input(alias, request.inputs[alias], info, sig)
+            if alias in contents:
+                dtype, value = contents[alias]
+                _check_dtype(alias, dtype, info, sig)
+                value = _check_shape(alias, value, info)
+            else:
+                value = _decode_input(alias, request.inputs[alias], info, sig)
+            feeds[_tensor_name(info, alias)] = value
         aliases = _output_aliases(sig, list(request.output_filter))
         infos = [sig.outputs[a] for a in aliases]
         fetches = [_tensor_name(i, a) for a, i in zip(aliases, infos, strict=True)]
@@ -414,16 +429,26 @@ def _check_input_names(sig: meta_graph_pb2.SignatureDef, sent: Any) -> None:
 def _decode_input(
     alias: str, proto: Any, info: meta_graph_pb2.TensorInfo, sig: meta_graph_pb2.SignatureDef
 ) -> np.ndarray:
-    if proto.dtype != info.dtype:
-        index = sorted(sig.inputs).index(alias)
-        raise InvalidArgumentError(
-            f"Expects arg[{index}] to be {dtype_name(info.dtype)} but "
-            f"{dtype_name(proto.dtype)} is provided (input {alias!r})"
-        )
+    _check_dtype(alias, proto.dtype, info, sig)
     try:
         value = decode_tensor(proto)
     except (ValueError, TypeError) as exc:
         raise InvalidArgumentError(f"tensor parsing error: {alias} ({exc})") from exc
+    return _check_shape(alias, value, info)
+
+
+def _check_dtype(
+    alias: str, dtype: int, info: meta_graph_pb2.TensorInfo, sig: meta_graph_pb2.SignatureDef
+) -> None:
+    if dtype != info.dtype:
+        index = sorted(sig.inputs).index(alias)
+        raise InvalidArgumentError(
+            f"Expects arg[{index}] to be {dtype_name(info.dtype)} but "
+            f"{dtype_name(dtype)} is provided (input {alias!r})"
+        )
+
+
+def _check_shape(alias: str, value: np.ndarray, info: meta_graph_pb2.TensorInfo) -> np.ndarray:
     expected = shape_of_proto(info.tensor_shape)
     if not shape_compatible(tuple(value.shape), expected):
         raise InvalidArgumentError(
