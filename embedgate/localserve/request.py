@@ -12,7 +12,9 @@ an :class:`InvalidArgumentError` naming protobuf's error.
 
 from __future__ import annotations
 
+import functools
 import os
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -29,14 +31,19 @@ DIRECT_ENV = "EMBEDGATE_SERVE_DIRECT_RUN"  # "off": Session.run and the protobuf
 # alias -> (DataType number, value): the inputs taken out of the request by the split
 ContentInputs = dict[str, tuple[int, np.ndarray]]
 
-try:
-    import embedgate_native as _native
-except ImportError:  # pragma: no cover - a tree without the native build
-    _native = None
+
+@functools.cache
+def _module() -> ModuleType | None:
+    try:
+        import embedgate_native
+    except ImportError:  # a tree without the native build: the reference path
+        return None
+    return embedgate_native
 
 
 def _split_fn() -> Any:
-    fn = getattr(_native, "split_predict_request", None)
+    """The native split, or None when the module (or a build with the split) is missing or the env turns it off."""
+    fn = getattr(_module(), "split_predict_request", None)
     if fn is None or os.environ.get(DIRECT_ENV) == "off":
         return None
     return fn
