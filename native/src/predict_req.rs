@@ -285,7 +285,7 @@ mod tests {
         // model_spec { name: "m" } inputs { key: "x" value { dtype: 1 tensor_shape { dim { size: 1 } }
         // tensor_content: "abcd" } }
         let msg = [
-            0x0a, 3, 0x0a, 1, b'm', 0x12, 17, 0x0a, 1, b'x', 0x12, 12, 0x08, 1, 0x12, 4, 0x12, 2, 0x08, 1, 0x22,
+            0x0a, 3, 0x0a, 1, b'm', 0x12, 19, 0x0a, 1, b'x', 0x12, 14, 0x08, 1, 0x12, 4, 0x12, 2, 0x08, 1, 0x22,
             4, b'a', b'b', b'c', b'd',
         ];
         let (rest, contents) = split(&msg).unwrap();
