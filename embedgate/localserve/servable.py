@@ -432,7 +432,7 @@ def _decode_input(
     _check_dtype(alias, proto.dtype, info, sig)
     try:
         value = decode_tensor(proto)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:  # e.g. a half_val out of 16 bits
         raise InvalidArgumentError(f"tensor parsing error: {alias} ({exc})") from exc
     return _check_shape(alias, value, info)
 

@@ -159,7 +159,7 @@ def _split(raw: bytes) -> object:
 def _decoded(fn: object) -> object:
     try:
         dtype, arr = fn()  # type: ignore[operator]
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return dtype, arr.dtype.str, arr.shape, arr.tobytes() if arr.dtype != object else arr.tolist()
 

@@ -12,6 +12,8 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow_serving.apis import predict_pb2
 
 from embedgate.localserve import servable as servable_mod
@@ -118,3 +120,17 @@ def test_plan_cache_is_bounded(half: Servable) -> None:
             half._run({x: np.array([float(i)], np.float32)}, fetches, None)
             half._plan((x,), (f"bogus:{i}",))  # a distinct key each time
     assert len(half._plans) == servable_mod._PLAN_CACHE_SIZE
+
+
+def test_typed_values_out_of_range_are_invalid_argument() -> None:
+    """A ``half_val`` that does not fit 16 bits (client input) is INVALID_ARGUMENT, not INTERNAL."""
+    req = predict_pb2.PredictRequest()
+    req.inputs["x"].dtype = types_pb2.DT_HALF
+    req.inputs["x"].tensor_shape.dim.add(size=1)
+    req.inputs["x"].half_val.append(4194560)
+    sig = meta_graph_pb2.SignatureDef()
+    sig.inputs["x"].dtype = types_pb2.DT_HALF
+    with pytest.raises(ServingError) as exc:
+        servable_mod._decode_input("x", req.inputs["x"], sig.inputs["x"], sig)
+    assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "tensor parsing error: x" in exc.value.message
