@@ -73,7 +73,10 @@ def _tensor(draw: st.DrawFn) -> bytes:
     shape = draw(st.lists(st.integers(0, 3), max_size=3))
     n = int(np.prod(shape))
     if kind == "string":
-        return tf.make_tensor_proto(np.array([b"a"] * n, dtype=object).reshape(shape)).SerializeToString()
+        strings: bytes = tf.make_tensor_proto(
+            np.array([b"a"] * n, dtype=object).reshape(shape)
+        ).SerializeToString()
+        return strings
     dtype = np.dtype(draw(st.sampled_from(_NUMERIC)))
     data = draw(st.binary(min_size=n * dtype.itemsize, max_size=n * dtype.itemsize))
     arr = np.frombuffer(data, dtype=dtype).reshape(shape)
@@ -98,13 +101,15 @@ def _tensor(draw: st.DrawFn) -> bytes:
             t.version_number = 3
         else:
             t.ClearField("tensor_shape")
-    return t.SerializeToString()
+    out: bytes = t.SerializeToString()
+    return out
 
 
 def _entry(key: str, tensor: bytes) -> bytes:
     m = predict_pb2.PredictRequest()
     m.inputs[key].ParseFromString(tensor)
-    return m.SerializeToString()
+    out: bytes = m.SerializeToString()
+    return out
 
 
 @st.composite
@@ -191,8 +196,8 @@ def test_content_inputs_are_views_of_the_received_bytes() -> None:
 
 @needs_native
 def test_duplicated_keys_go_to_protobuf_which_keeps_the_last() -> None:
-    raw = _entry("x", tf.make_tensor_proto(np.float32([1])).SerializeToString()) + _entry(
-        "x", tf.make_tensor_proto(np.float32([2])).SerializeToString()
+    raw = _entry("x", tf.make_tensor_proto(np.array([1], np.float32)).SerializeToString()) + _entry(
+        "x", tf.make_tensor_proto(np.array([2], np.float32)).SerializeToString()
     )
     parsed, contents = request_mod.parse_predict_request(raw)
     assert not contents and decode_tensor(parsed.inputs["x"]).tolist() == [2.0]
