@@ -66,3 +66,6 @@ def entry_request(head: bytes, inputs: list[tuple[str, int, list[int], list[np.n
 
 # native/src/scan.rs: is a serialized PredictRequest plain (parsed in a few copies)?
 def plain_predict_request(raw: bytes) -> bool: ...
+
+# native/src/predict_req.rs: a received PredictRequest split into (rest, [(alias, dtype, dims, offset, length)])
+def split_predict_request(raw: bytes) -> tuple[bytes, list[tuple[str, int, list[int], int, int]]] | None: ...

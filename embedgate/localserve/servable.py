@@ -11,8 +11,11 @@ session lives as long as the version is loaded, so resource state (e.g. a ``Muta
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ import grpc
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.python.client import pywrap_tf_session as tf_session
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -35,6 +39,7 @@ from embedgate.localserve.errors import (
     InvalidArgumentError,
     ServingError,
 )
+from embedgate.localserve.request import DIRECT_ENV, ContentInputs
 from embedgate.localserve.tensors import (
     decode_tensor,
     dtype_name,
@@ -56,6 +61,36 @@ _CLASSES = "classes"
 _SCORES = "scores"
 
 _STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+_PLAN_CACHE_SIZE = 32  # run plans kept per servable (one per feed-name set and fetch list seen; LRU)
+# "off" makes every run go through ``Session.run`` (the reference path; for A/B benchmarks and debugging)
+_DIRECT_RUN_ENV = DIRECT_ENV
+
+
+@dataclass(frozen=True)
+class _RunPlan:
+    """The graph endpoints of one (sorted feed names, fetch names) pair, resolved once.
+
+    ``feeds[i]`` is the ``TF_Output`` of the i-th sorted feed name, fed an array of ``dtypes[i]`` whose shape fits
+    ``shapes[i]`` (None = unknown rank; -1 = any size); ``fetches`` the ``TF_Output`` of each fetch, in order.
+    """
+
+    feeds: tuple[Any, ...]
+    dtypes: tuple[np.dtype[Any], ...]
+    shapes: tuple[tuple[int, ...] | None, ...]
+    fetches: tuple[Any, ...]
+
+    def accepts(self, values: Sequence[np.ndarray]) -> bool:
+        """Whether every value is an ndarray of its feed's dtype and a compatible shape: what ``Session.run``'s
+        Python checks would let through unchanged (anything else goes to ``Session.run``, for its errors)."""
+        for value, dtype, shape in zip(values, self.dtypes, self.shapes, strict=True):
+            if type(value) is not np.ndarray or value.dtype != dtype:
+                return False
+            if shape is not None and (
+                len(shape) != value.ndim
+                or any(e >= 0 and e != a for e, a in zip(shape, value.shape, strict=True))
+            ):
+                return False
+        return True
 
 
 class _ServableError(ServingError):
@@ -80,6 +115,8 @@ class Servable:
         self._closed = False
         self._close_lock = threading.Lock()
         self._batcher: Batcher | None = None
+        self._plans: OrderedDict[tuple[tuple[str, ...], tuple[str, ...]], _RunPlan | None] = OrderedDict()
+        self._plans_lock = threading.Lock()
 
     @classmethod
     def load(
@@ -125,20 +162,34 @@ class Servable:
 
     # -- predict ------------------------------------------------------------------------------------------------
     def predict(
-        self, request: predict_pb2.PredictRequest, *, as_content: bool = False, timeout: float | None = None
+        self,
+        request: predict_pb2.PredictRequest,
+        *,
+        as_content: bool = False,
+        timeout: float | None = None,
+        contents: ContentInputs | None = None,
     ) -> predict_pb2.PredictResponse:
-        """Run the request's signature; ``timeout`` (seconds, None = none) bounds ``Session.run``."""
+        """Run the request's signature; ``timeout`` (seconds, None = none) bounds ``Session.run``. ``contents``: inputs
+        already taken out of the received bytes (``request.py``), checked like ``request.inputs``; no alias is in
+        both."""
         key, sig = self.signature(request.model_spec.signature_name)
         if sig.method_name not in (PREDICT_METHOD, CLASSIFY_METHOD, REGRESS_METHOD):
             raise InternalError(
                 f"Expected prediction signature method_name to be one of {{{PREDICT_METHOD}, {CLASSIFY_METHOD}, "
                 f"{REGRESS_METHOD}}}. Was: {sig.method_name}"
             )
-        _check_input_names(sig, request.inputs.keys())
+        contents = contents or {}
+        _check_input_names(sig, [*request.inputs.keys(), *contents])
         feeds = {}
-        for alias in sorted(request.inputs):
+        for alias in sorted([*request.inputs, *contents]):
             info = sig.inputs[alias]
-            feeds[_tensor_name(info, alias)] = _decode_input(alias, request.inputs[alias], info, sig)
+            if alias in contents:
+                dtype, value = contents[alias]
+                _check_dtype(alias, dtype, info, sig)
+                value = _check_shape(alias, value, info)
+            else:
+                value = _decode_input(alias, request.inputs[alias], info, sig)
+            feeds[_tensor_name(info, alias)] = value
         aliases = _output_aliases(sig, list(request.output_filter))
         infos = [sig.outputs[a] for a in aliases]
         fetches = [_tensor_name(i, a) for a, i in zip(aliases, infos, strict=True)]
@@ -255,12 +306,73 @@ class Servable:
         if timeout is not None:
             options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, int(timeout * 1000)))
         try:
+            if os.environ.get(_DIRECT_RUN_ENV) != "off":
+                names = tuple(sorted(feeds))
+                plan = self._plan(names, tuple(fetches))
+                values = [feeds[n] for n in names]
+                if plan is not None and plan.accepts(values):
+                    return self._run_direct(plan, values, options)
             return list(self._session.run(list(fetches), feed_dict=feeds, options=options))
         except tf.errors.OpError as exc:
             code = _STATUS_BY_NUMBER.get(int(exc.error_code), grpc.StatusCode.UNKNOWN)
             raise _ServableError(code, exc.message) from exc
         except (ValueError, TypeError) as exc:  # Python-side feed checks (shape, dtype conversion)
             raise InvalidArgumentError(str(exc)) from exc
+
+    def _run_direct(self, plan: _RunPlan, values: Sequence[np.ndarray], options: Any) -> list[np.ndarray]:
+        """One ``TF_SessionRun`` with the plan's endpoints: what ``Session.run`` ends in, without re-resolving and
+        re-checking every feed and fetch by name on each call (TF Serving's C++ ``Session::Run`` has no such step)."""
+        options_buf = (
+            tf_session.TF_NewBufferFromString(options.SerializeToString()) if options is not None else None
+        )
+        try:
+            results = self._session._call_tf_sessionrun(
+                options_buf, dict(zip(plan.feeds, values, strict=True)), list(plan.fetches), [], None
+            )
+        finally:
+            if options_buf is not None:
+                tf_session.TF_DeleteBuffer(options_buf)
+        return list(results)
+
+    def _plan(self, feed_names: tuple[str, ...], fetches: tuple[str, ...]) -> _RunPlan | None:
+        """The cached run plan of these names (built on first use), or None when a name does not resolve to a plain
+        feedable tensor / fetchable tensor (``Session.run`` then runs and reports it)."""
+        key = (feed_names, fetches)
+        with self._plans_lock:
+            if key in self._plans:
+                self._plans.move_to_end(key)
+                return self._plans[key]
+            plan = _build_plan(self._session.graph, feed_names, fetches)
+            self._plans[key] = plan
+            if len(self._plans) > _PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+            return plan
+
+
+def _build_plan(graph: Any, feed_names: tuple[str, ...], fetches: tuple[str, ...]) -> _RunPlan | None:
+    try:
+        feeds = [graph.as_graph_element(n, allow_tensor=True, allow_operation=False) for n in feed_names]
+        outs = [graph.as_graph_element(n, allow_tensor=True, allow_operation=False) for n in fetches]
+    except (KeyError, ValueError, TypeError):
+        return None
+    if not all(graph.is_feedable(t) for t in feeds) or not all(graph.is_fetchable(t) for t in outs):
+        return None
+    if len(set(fetches)) != len(fetches):
+        return None
+    shapes = tuple(
+        None if t.shape.rank is None else tuple(-1 if d is None else int(d) for d in t.shape.as_list())
+        for t in feeds
+    )
+    try:
+        dtypes = tuple(np.dtype(t.dtype.as_numpy_dtype) for t in feeds)
+    except TypeError:  # a dtype numpy cannot hold (resource, variant): Session.run reports it
+        return None
+    return _RunPlan(
+        feeds=tuple(t._as_tf_output() for t in feeds),
+        dtypes=dtypes,
+        shapes=shapes,
+        fetches=tuple(t._as_tf_output() for t in outs),
+    )
 
 
 def _batched_outputs(infos: Sequence[meta_graph_pb2.TensorInfo]) -> bool:
@@ -317,16 +429,26 @@ def _check_input_names(sig: meta_graph_pb2.SignatureDef, sent: Any) -> None:
 def _decode_input(
     alias: str, proto: Any, info: meta_graph_pb2.TensorInfo, sig: meta_graph_pb2.SignatureDef
 ) -> np.ndarray:
-    if proto.dtype != info.dtype:
+    _check_dtype(alias, proto.dtype, info, sig)
+    try:
+        value = decode_tensor(proto)
+    except (ValueError, TypeError, OverflowError) as exc:  # e.g. a half_val out of 16 bits
+        raise InvalidArgumentError(f"tensor parsing error: {alias} ({exc})") from exc
+    return _check_shape(alias, value, info)
+
+
+def _check_dtype(
+    alias: str, dtype: int, info: meta_graph_pb2.TensorInfo, sig: meta_graph_pb2.SignatureDef
+) -> None:
+    if dtype != info.dtype:
         index = sorted(sig.inputs).index(alias)
         raise InvalidArgumentError(
             f"Expects arg[{index}] to be {dtype_name(info.dtype)} but "
-            f"{dtype_name(proto.dtype)} is provided (input {alias!r})"
+            f"{dtype_name(dtype)} is provided (input {alias!r})"
         )
-    try:
-        value = decode_tensor(proto)
-    except (ValueError, TypeError) as exc:
-        raise InvalidArgumentError(f"tensor parsing error: {alias} ({exc})") from exc
+
+
+def _check_shape(alias: str, value: np.ndarray, info: meta_graph_pb2.TensorInfo) -> np.ndarray:
     expected = shape_of_proto(info.tensor_shape)
     if not shape_compatible(tuple(value.shape), expected):
         raise InvalidArgumentError(

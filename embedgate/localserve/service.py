@@ -27,6 +27,7 @@ from tensorflow_serving.apis import (
 from embedgate.localserve.errors import ConfigError, InvalidArgumentError, ServingError
 from embedgate.localserve.manager import Manager
 from embedgate.localserve.model_config import entries_from_proto
+from embedgate.localserve.request import parse_predict_request
 from embedgate.localserve.servable import Servable
 
 __all__ = ["ModelService", "PredictionService", "add_services"]
@@ -34,6 +35,7 @@ __all__ = ["ModelService", "PredictionService", "add_services"]
 _log = logging.getLogger(__name__)
 _MESSAGE_LIMIT = 1024
 _SIGNATURE_DEF = "signature_def"
+_PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 _NO_DEADLINE_S = 10.0 * 365 * 24 * 3600  # a "deadline" further than ten years away is no deadline
 T = TypeVar("T")
 
@@ -51,14 +53,23 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
         self._manager = manager
         self._tensor_content = tensor_content
 
-    def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext) -> Any:
-        return _call(
-            context,
-            lambda: self._with_servable(
-                request.model_spec,
-                lambda s: s.predict(request, as_content=self._tensor_content, timeout=_time_left(context)),
-            ),
-        )
+    def Predict(self, request: predict_pb2.PredictRequest | bytes, context: grpc.ServicerContext) -> Any:
+        """``request``: the parsed message, or its received bytes (how :func:`add_services` registers it: split by
+        ``request.py`` so that large ``tensor_content`` inputs are read in place)."""
+
+        def run() -> predict_pb2.PredictResponse:
+            if isinstance(request, bytes):
+                parsed, contents = parse_predict_request(request)
+            else:
+                parsed, contents = request, {}
+            return self._with_servable(
+                parsed.model_spec,
+                lambda s: s.predict(
+                    parsed, as_content=self._tensor_content, timeout=_time_left(context), contents=contents
+                ),
+            )
+
+        return _call(context, run)
 
     def Classify(
         self, request: classification_pb2.ClassificationRequest, context: grpc.ServicerContext
@@ -151,9 +162,22 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):  # type: ignore
 def add_services(
     server: grpc.Server, manager: Manager, *, tensor_content: bool, reload: Callable[[], None]
 ) -> None:
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-        PredictionService(manager, tensor_content=tensor_content), server
+    prediction = PredictionService(manager, tensor_content=tensor_content)
+    # Predict takes the received bytes (no request deserializer): registered before the generated handlers, which
+    # serve the service's other methods (gRPC asks generic handlers in the order they were added)
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                _PREDICTION_SERVICE,
+                {
+                    "Predict": grpc.unary_unary_rpc_method_handler(
+                        prediction.Predict, response_serializer=predict_pb2.PredictResponse.SerializeToString
+                    )
+                },
+            ),
+        )
     )
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(prediction, server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(manager, reload), server)
 
 

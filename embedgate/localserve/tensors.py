@@ -8,11 +8,21 @@ string tensors always use ``string_val`` (TF's content encoding of strings is no
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 
-__all__ = ["decode_tensor", "dtype_name", "encode_tensor", "shape_compatible", "shape_of_proto"]
+__all__ = [
+    "content_dtype",
+    "decode_tensor",
+    "dtype_name",
+    "encode_tensor",
+    "shape_compatible",
+    "shape_of_proto",
+]
 
 _INT_VAL = {
     types_pb2.DT_INT32,
@@ -56,7 +66,7 @@ def _content_view(proto: tensor_pb2.TensorProto) -> np.ndarray | None:
     if not content:
         return None
     shape = [int(d.size) for d in proto.tensor_shape.dim]
-    if len(content) != int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize:
+    if len(content) != math.prod(shape) * np_dtype.itemsize:
         return None
     return np.frombuffer(content, dtype=np_dtype).reshape(shape)
 
@@ -82,6 +92,12 @@ _NUMPY = {
         tf.complex128,
     )
 }
+
+
+def content_dtype(dtype: int) -> np.dtype[Any] | None:
+    """The little-endian numpy dtype in which a ``tensor_content`` of DataType ``dtype`` is read in place, or None
+    for a dtype whose content is not (strings, resources, variants, unknown numbers)."""
+    return _NUMPY.get(dtype)
 
 
 def shape_of_proto(shape: tensor_shape_pb2.TensorShapeProto) -> list[int] | None:

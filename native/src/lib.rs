@@ -18,6 +18,7 @@ mod features;
 mod rest_body;
 mod entry;
 mod scan;
+mod predict_req;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -420,5 +421,6 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     rest_body::register(m)?;
     entry::register(m)?;
     scan::register(m)?;
+    predict_req::register(m)?;
     Ok(())
 }

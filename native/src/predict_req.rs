@@ -1,0 +1,302 @@
+//! serve-local's receive path: a serialized `PredictRequest` split, without the GIL, into its *content inputs* (the
+//! `inputs` entries whose tensor is a numeric `tensor_content` of exactly its shape's bytes, located by offset) and
+//! the small *rest* (every other top-level field, byte for byte, for protobuf to parse). The Python door and the
+//! reference (protobuf's parse, then `decode_tensor`) are in `embedgate/localserve/request.py`.
+//!
+//! A content input's `inputs` entry holds exactly one `key` (1, UTF-8) and one `value` (2); the `TensorProto` only
+//! `dtype` (1), `tensor_shape` (2), `version_number` (3) and a non-empty `tensor_content` (4), each at most once;
+//! the shape only `dim`s (2; each at most one `size` (1) >= 0 and one UTF-8 `name` (2)) and an `unknown_rank` (3)
+//! of 0; the dtype numeric; the content's length the dims' product times the dtype's width. Every other entry goes
+//! to the rest, whole, as do `model_spec`, `output_filter` and unknown fields.
+//!
+//! `None` (the caller then parses the whole message with protobuf, which accepts it or names the error) for
+//! malformed wire data anywhere, a group, an entry without exactly one UTF-8 key, or a key seen twice (protobuf's
+//! map keeps the last; the split does not reproduce that).
+
+use pyo3::prelude::*;
+use std::collections::HashSet;
+
+const VARINT: u8 = 0;
+const I64: u8 = 1;
+const LEN: u8 = 2;
+const I32: u8 = 5;
+const MAX_DIMS: usize = 254; // TensorShape's own limit (kMaxDims)
+
+/// One content input: (alias, DataType number, dims, offset of `tensor_content` in the message, its length).
+pub type Content = (String, i32, Vec<i64>, usize, usize);
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, at: 0 }
+    }
+
+    fn done(&self) -> bool {
+        self.at >= self.buf.len()
+    }
+
+    fn varint(&mut self) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..70).step_by(7) {
+            let b = *self.buf.get(self.at)?;
+            self.at += 1;
+            if shift == 63 && b > 1 {
+                return None;
+            }
+            v |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    fn tag(&mut self) -> Option<(u64, u8)> {
+        let t = self.varint()?;
+        let number = t >> 3;
+        if number == 0 || number > (1 << 29) - 1 {
+            return None;
+        }
+        Some((number, (t & 7) as u8))
+    }
+
+    /// A length-delimited value: (its offset in `buf`, its bytes).
+    fn bytes(&mut self) -> Option<(usize, &'a [u8])> {
+        let n = usize::try_from(self.varint()?).ok()?;
+        let start = self.at;
+        let end = start.checked_add(n)?;
+        let out = self.buf.get(start..end)?;
+        self.at = end;
+        Some((start, out))
+    }
+
+    /// Skips one value of a non-group wire type; None for groups and bad wire types.
+    fn skip(&mut self, wire: u8) -> Option<()> {
+        match wire {
+            VARINT => {
+                self.varint()?;
+            }
+            I64 | I32 => {
+                let end = self.at.checked_add(if wire == I64 { 8 } else { 4 })?;
+                if end > self.buf.len() {
+                    return None;
+                }
+                self.at = end;
+            }
+            LEN => {
+                self.bytes()?;
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+}
+
+/// Bytes per element of the numeric DataTypes whose `tensor_content` is read in place (tensors.py `_NUMPY`).
+fn width(dtype: i32) -> Option<usize> {
+    Some(match dtype {
+        4 | 6 | 10 => 1,           // uint8, int8, bool
+        5 | 14 | 17 | 19 => 2,     // int16, bfloat16, uint16, half
+        1 | 3 | 22 => 4,           // float, int32, uint32
+        2 | 8 | 9 | 23 => 8,       // double, complex64, int64, uint64
+        18 => 16,                  // complex128
+        _ => return None,
+    })
+}
+
+/// A well-formed dim's size, or Err(()) for malformed wire data; Ok(None) when the dim is not a plain one.
+fn dim(buf: &[u8]) -> Result<Option<i64>, ()> {
+    let mut r = Reader::new(buf);
+    let (mut size, mut sizes, mut names) = (0i64, 0, 0);
+    while !r.done() {
+        match r.tag().ok_or(())? {
+            (1, VARINT) => {
+                size = r.varint().ok_or(())? as i64;
+                sizes += 1;
+            }
+            (2, LEN) => {
+                std::str::from_utf8(r.bytes().ok_or(())?.1).map_err(|_| ())?;
+                names += 1;
+            }
+            (_, wire) => {
+                r.skip(wire).ok_or(())?;
+                sizes = 2; // an unknown field: not plain
+            }
+        }
+    }
+    Ok((sizes <= 1 && names <= 1 && size >= 0).then_some(size))
+}
+
+/// The dims of a plain known-rank shape; Err(()) for malformed wire data, Ok(None) for any other shape.
+fn shape(buf: &[u8]) -> Result<Option<Vec<i64>>, ()> {
+    let mut r = Reader::new(buf);
+    let mut dims = Vec::new();
+    let mut plain = true;
+    while !r.done() {
+        match r.tag().ok_or(())? {
+            (2, LEN) => match dim(r.bytes().ok_or(())?.1)? {
+                Some(d) => dims.push(d),
+                None => plain = false,
+            },
+            (3, VARINT) => plain &= r.varint().ok_or(())? == 0,
+            (_, wire) => {
+                r.skip(wire).ok_or(())?;
+                plain = false;
+            }
+        }
+    }
+    Ok((plain && dims.len() <= MAX_DIMS).then_some(dims))
+}
+
+/// (dtype, dims, content offset within `buf`, content length) of a content tensor; Err(()) for malformed wire data,
+/// Ok(None) for any other tensor.
+fn tensor(buf: &[u8]) -> Result<Option<(i32, Vec<i64>, usize, usize)>, ()> {
+    let mut r = Reader::new(buf);
+    let (mut dtype, mut dims, mut content) = (None, None, None);
+    let (mut seen_dtype, mut seen_shape, mut seen_content, mut seen_version) = (0, 0, 0, 0);
+    let mut plain = true;
+    while !r.done() {
+        match r.tag().ok_or(())? {
+            (1, VARINT) => {
+                dtype = Some(r.varint().ok_or(())? as i64);
+                seen_dtype += 1;
+            }
+            (2, LEN) => {
+                dims = shape(r.bytes().ok_or(())?.1)?;
+                plain &= dims.is_some();
+                seen_shape += 1;
+            }
+            (3, VARINT) => {
+                r.varint().ok_or(())?;
+                seen_version += 1;
+            }
+            (4, LEN) => {
+                let (at, data) = r.bytes().ok_or(())?;
+                content = Some((at, data.len()));
+                seen_content += 1;
+            }
+            (_, wire) => {
+                r.skip(wire).ok_or(())?;
+                plain = false;
+            }
+        }
+    }
+    if !plain || seen_dtype != 1 || seen_shape > 1 || seen_content != 1 || seen_version > 1 {
+        return Ok(None);
+    }
+    let (Some(dtype), Some((at, len))) = (dtype, content) else {
+        return Ok(None);
+    };
+    let Ok(dtype) = i32::try_from(dtype) else {
+        return Ok(None);
+    };
+    let dims = dims.unwrap_or_default();
+    let Some(w) = width(dtype) else {
+        return Ok(None);
+    };
+    let mut want = w;
+    for &d in &dims {
+        match want.checked_mul(d as usize) {
+            Some(n) => want = n,
+            None => return Ok(None),
+        }
+    }
+    Ok((len > 0 && len == want).then_some((dtype, dims, at, len)))
+}
+
+/// An `inputs` map entry: (key, the content tensor if it is one with its offset within `buf`); Err(()) when the
+/// message must go to protobuf whole (malformed, or not exactly one UTF-8 key).
+fn entry(buf: &[u8]) -> Result<(String, Option<(i32, Vec<i64>, usize, usize)>), ()> {
+    let mut r = Reader::new(buf);
+    let (mut key, mut keys, mut value, mut values) = (None, 0, None, 0);
+    let mut plain = true;
+    while !r.done() {
+        match r.tag().ok_or(())? {
+            (1, LEN) => {
+                key = Some(std::str::from_utf8(r.bytes().ok_or(())?.1).map_err(|_| ())?.to_owned());
+                keys += 1;
+            }
+            (2, LEN) => {
+                let (at, data) = r.bytes().ok_or(())?;
+                value = tensor(data)?.map(|(d, s, off, len)| (d, s, at + off, len));
+                values += 1;
+            }
+            (_, wire) => {
+                r.skip(wire).ok_or(())?;
+                plain = false;
+            }
+        }
+    }
+    if keys != 1 {
+        return Err(());
+    }
+    let content = if plain && values == 1 { value } else { None };
+    Ok((key.unwrap_or_default(), content))
+}
+
+/// (rest, content inputs) of a serialized `PredictRequest` (module docs), or None.
+pub fn split(raw: &[u8]) -> Option<(Vec<u8>, Vec<Content>)> {
+    let mut r = Reader::new(raw);
+    let mut rest = Vec::new();
+    let mut contents = Vec::new();
+    let mut keys = HashSet::new();
+    while !r.done() {
+        let start = r.at;
+        let (number, wire) = r.tag()?;
+        if (number, wire) == (2, LEN) {
+            let (at, data) = r.bytes()?;
+            let (key, content) = entry(data).ok()?;
+            if !keys.insert(key.clone()) {
+                return None;
+            }
+            if let Some((dtype, dims, off, len)) = content {
+                contents.push((key, dtype, dims, at + off, len));
+                continue;
+            }
+        } else {
+            r.skip(wire)?;
+        }
+        rest.extend_from_slice(&raw[start..r.at]);
+    }
+    Some((rest, contents))
+}
+
+/// `split` for Python (rest as bytes), run without the GIL.
+#[pyfunction]
+pub fn split_predict_request(py: Python<'_>, raw: &[u8]) -> Option<(Vec<u8>, Vec<Content>)> {
+    py.allow_threads(|| split(raw))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(split_predict_request, m)?)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_inputs_are_located_and_the_rest_kept() {
+        // model_spec { name: "m" } inputs { key: "x" value { dtype: 1 tensor_shape { dim { size: 1 } }
+        // tensor_content: "abcd" } }
+        let msg = [
+            0x0a, 3, 0x0a, 1, b'm', 0x12, 19, 0x0a, 1, b'x', 0x12, 14, 0x08, 1, 0x12, 4, 0x12, 2, 0x08, 1, 0x22,
+            4, b'a', b'b', b'c', b'd',
+        ];
+        let (rest, contents) = split(&msg).unwrap();
+        assert_eq!(rest, &msg[..5]);
+        assert_eq!(contents, vec![("x".to_owned(), 1, vec![1], 22, 4)]);
+        assert_eq!(&msg[22..26], b"abcd");
+        assert!(split(&msg[..msg.len() - 1]).is_none()); // truncated
+        let mut wrong = msg;
+        wrong[19] = 2; // dim size 2: 8 bytes expected, content stays in the rest
+        let (rest, contents) = split(&wrong).unwrap();
+        assert_eq!(rest, &wrong[..]);
+        assert!(contents.is_empty());
+    }
+}
