@@ -19,6 +19,7 @@ mod rest_body;
 mod entry;
 mod scan;
 mod predict_req;
+mod wire;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;

@@ -16,85 +16,12 @@
 use pyo3::prelude::*;
 use std::collections::HashSet;
 
-const VARINT: u8 = 0;
-const I64: u8 = 1;
-const LEN: u8 = 2;
-const I32: u8 = 5;
+use crate::wire::{Reader, LEN, VARINT};
+
 const MAX_DIMS: usize = 254; // TensorShape's own limit (kMaxDims)
 
 /// One content input: (alias, DataType number, dims, offset of `tensor_content` in the message, its length).
 pub type Content = (String, i32, Vec<i64>, usize, usize);
-
-struct Reader<'a> {
-    buf: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn new(buf: &'a [u8]) -> Self {
-        Reader { buf, at: 0 }
-    }
-
-    fn done(&self) -> bool {
-        self.at >= self.buf.len()
-    }
-
-    fn varint(&mut self) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..70).step_by(7) {
-            let b = *self.buf.get(self.at)?;
-            self.at += 1;
-            if shift == 63 && b > 1 {
-                return None;
-            }
-            v |= u64::from(b & 0x7f) << shift;
-            if b < 0x80 {
-                return Some(v);
-            }
-        }
-        None
-    }
-
-    fn tag(&mut self) -> Option<(u64, u8)> {
-        let t = self.varint()?;
-        let number = t >> 3;
-        if number == 0 || number > (1 << 29) - 1 {
-            return None;
-        }
-        Some((number, (t & 7) as u8))
-    }
-
-    /// A length-delimited value: (its offset in `buf`, its bytes).
-    fn bytes(&mut self) -> Option<(usize, &'a [u8])> {
-        let n = usize::try_from(self.varint()?).ok()?;
-        let start = self.at;
-        let end = start.checked_add(n)?;
-        let out = self.buf.get(start..end)?;
-        self.at = end;
-        Some((start, out))
-    }
-
-    /// Skips one value of a non-group wire type; None for groups and bad wire types.
-    fn skip(&mut self, wire: u8) -> Option<()> {
-        match wire {
-            VARINT => {
-                self.varint()?;
-            }
-            I64 | I32 => {
-                let end = self.at.checked_add(if wire == I64 { 8 } else { 4 })?;
-                if end > self.buf.len() {
-                    return None;
-                }
-                self.at = end;
-            }
-            LEN => {
-                self.bytes()?;
-            }
-            _ => return None,
-        }
-        Some(())
-    }
-}
 
 /// Bytes per element of the numeric DataTypes whose `tensor_content` is read in place (tensors.py `_NUMPY`).
 fn width(dtype: i32) -> Option<usize> {
@@ -119,7 +46,7 @@ fn dim(buf: &[u8]) -> Result<Option<i64>, ()> {
                 sizes += 1;
             }
             (2, LEN) => {
-                std::str::from_utf8(r.bytes().ok_or(())?.1).map_err(|_| ())?;
+                std::str::from_utf8(r.bytes().ok_or(())?).map_err(|_| ())?;
                 names += 1;
             }
             (_, wire) => {
@@ -138,7 +65,7 @@ fn shape(buf: &[u8]) -> Result<Option<Vec<i64>>, ()> {
     let mut plain = true;
     while !r.done() {
         match r.tag().ok_or(())? {
-            (2, LEN) => match dim(r.bytes().ok_or(())?.1)? {
+            (2, LEN) => match dim(r.bytes().ok_or(())?)? {
                 Some(d) => dims.push(d),
                 None => plain = false,
             },
@@ -166,7 +93,7 @@ fn tensor(buf: &[u8]) -> Result<Option<(i32, Vec<i64>, usize, usize)>, ()> {
                 seen_dtype += 1;
             }
             (2, LEN) => {
-                dims = shape(r.bytes().ok_or(())?.1)?;
+                dims = shape(r.bytes().ok_or(())?)?;
                 plain &= dims.is_some();
                 seen_shape += 1;
             }
@@ -175,7 +102,7 @@ fn tensor(buf: &[u8]) -> Result<Option<(i32, Vec<i64>, usize, usize)>, ()> {
                 seen_version += 1;
             }
             (4, LEN) => {
-                let (at, data) = r.bytes().ok_or(())?;
+                let (at, data) = r.bytes_at().ok_or(())?;
                 content = Some((at, data.len()));
                 seen_content += 1;
             }
@@ -217,11 +144,11 @@ fn entry(buf: &[u8]) -> Result<(String, Option<(i32, Vec<i64>, usize, usize)>), 
     while !r.done() {
         match r.tag().ok_or(())? {
             (1, LEN) => {
-                key = Some(std::str::from_utf8(r.bytes().ok_or(())?.1).map_err(|_| ())?.to_owned());
+                key = Some(std::str::from_utf8(r.bytes().ok_or(())?).map_err(|_| ())?.to_owned());
                 keys += 1;
             }
             (2, LEN) => {
-                let (at, data) = r.bytes().ok_or(())?;
+                let (at, data) = r.bytes_at().ok_or(())?;
                 value = tensor(data)?.map(|(d, s, off, len)| (d, s, at + off, len));
                 values += 1;
             }
@@ -248,7 +175,7 @@ pub fn split(raw: &[u8]) -> Option<(Vec<u8>, Vec<Content>)> {
         let start = r.at;
         let (number, wire) = r.tag()?;
         if (number, wire) == (2, LEN) {
-            let (at, data) = r.bytes()?;
+            let (at, data) = r.bytes_at()?;
             let (key, content) = entry(data).ok()?;
             if !keys.insert(key.clone()) {
                 return None;

@@ -19,43 +19,18 @@ const MAX_DIMS: usize = 64;
 const MAX_SPEC: usize = 64 * 1024;
 const MAX_FIELDS: usize = 1 << 16; // fields scanned in all: the scan and a plain message's parse stay short
 
-const VARINT: u8 = 0;
-const I64: u8 = 1;
-const LEN: u8 = 2;
-const I32: u8 = 5;
-
-struct Reader<'a> {
-    buf: &'a [u8],
-    at: usize,
-}
+use crate::wire::{self, LEN, VARINT};
 
 thread_local! {
     static FIELDS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
+/// `wire::Reader` whose `tag` also counts the fields scanned in all, refusing beyond `MAX_FIELDS`.
+struct Reader<'a>(wire::Reader<'a>);
+
 impl<'a> Reader<'a> {
     fn new(buf: &'a [u8]) -> Self {
-        Reader { buf, at: 0 }
-    }
-
-    fn done(&self) -> bool {
-        self.at >= self.buf.len()
-    }
-
-    fn varint(&mut self) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..70).step_by(7) {
-            let b = *self.buf.get(self.at)?;
-            self.at += 1;
-            if shift == 63 && b > 1 {
-                return None; // more than 64 bits
-            }
-            v |= u64::from(b & 0x7f) << shift;
-            if b < 0x80 {
-                return Some(v);
-            }
-        }
-        None
+        Reader(wire::Reader::new(buf))
     }
 
     /// (field number, wire type) of the next field.
@@ -67,45 +42,20 @@ impl<'a> Reader<'a> {
         if seen > MAX_FIELDS {
             return None;
         }
-        let t = self.varint()?;
-        let number = t >> 3;
-        if number == 0 || number > (1 << 29) - 1 {
-            return None;
-        }
-        Some((number, (t & 7) as u8))
+        self.0.tag()
     }
+}
 
-    fn bytes(&mut self) -> Option<&'a [u8]> {
-        let n = usize::try_from(self.varint()?).ok()?;
-        let end = self.at.checked_add(n)?;
-        let out = self.buf.get(self.at..end)?;
-        self.at = end;
-        Some(out)
+impl<'a> std::ops::Deref for Reader<'a> {
+    type Target = wire::Reader<'a>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
     }
+}
 
-    /// Skips one value of a scalar wire type (varint, fixed64, fixed32, or length-delimited).
-    fn skip(&mut self, wire: u8) -> Option<()> {
-        match wire {
-            VARINT => {
-                self.varint()?;
-            }
-            I64 => self.advance(8)?,
-            I32 => self.advance(4)?,
-            LEN => {
-                self.bytes()?;
-            }
-            _ => return None,
-        }
-        Some(())
-    }
-
-    fn advance(&mut self, n: usize) -> Option<()> {
-        let end = self.at.checked_add(n)?;
-        if end > self.buf.len() {
-            return None;
-        }
-        self.at = end;
-        Some(())
+impl std::ops::DerefMut for Reader<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
     }
 }
 
