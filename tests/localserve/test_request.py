@@ -12,9 +12,7 @@ against the reference (protobuf's parse of the whole message, then ``decode_tens
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import grpc
 import numpy as np
@@ -28,6 +26,7 @@ from tensorflow_serving.apis import predict_pb2
 from embedgate.localserve import request as request_mod
 from embedgate.localserve.errors import InvalidArgumentError
 from embedgate.localserve.tensors import decode_tensor
+from tests.support.native import env_set
 from tests.support.servers import LocalServer
 
 needs_native = pytest.mark.skipif(
@@ -53,17 +52,8 @@ _NUMERIC = [
 ]
 
 
-@contextmanager
-def _direct(mode: str) -> Iterator[None]:
-    before = os.environ.get(request_mod.DIRECT_ENV)
-    os.environ[request_mod.DIRECT_ENV] = mode
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(request_mod.DIRECT_ENV, None)
-        else:
-            os.environ[request_mod.DIRECT_ENV] = before
+def _direct(mode: str) -> AbstractContextManager[None]:
+    return env_set(request_mod.DIRECT_ENV, mode)
 
 
 @st.composite

@@ -3,9 +3,8 @@ reference (``EMBEDGATE_SERVE_DIRECT_RUN=off``), in one process on the conftest's
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import grpc
@@ -19,19 +18,11 @@ from tensorflow_serving.apis import predict_pb2
 from embedgate.localserve import servable as servable_mod
 from embedgate.localserve.errors import ServingError
 from embedgate.localserve.servable import Servable
+from tests.support.native import env_set
 
 
-@contextmanager
-def _direct(mode: str) -> Iterator[None]:
-    before = os.environ.get(servable_mod._DIRECT_RUN_ENV)
-    os.environ[servable_mod._DIRECT_RUN_ENV] = mode
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(servable_mod._DIRECT_RUN_ENV, None)
-        else:
-            os.environ[servable_mod._DIRECT_RUN_ENV] = before
+def _direct(mode: str) -> AbstractContextManager[None]:
+    return env_set(servable_mod._DIRECT_RUN_ENV, mode)
 
 
 @pytest.fixture(scope="module")
