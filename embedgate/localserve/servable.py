@@ -62,8 +62,6 @@ _SCORES = "scores"
 
 _STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 _PLAN_CACHE_SIZE = 32  # run plans kept per servable (one per feed-name set and fetch list seen; LRU)
-# "off" makes every run go through ``Session.run`` (the reference path; for A/B benchmarks and debugging)
-_DIRECT_RUN_ENV = DIRECT_ENV
 
 
 @dataclass(frozen=True)
@@ -306,7 +304,7 @@ class Servable:
         if timeout is not None:
             options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, int(timeout * 1000)))
         try:
-            if os.environ.get(_DIRECT_RUN_ENV) != "off":
+            if os.environ.get(DIRECT_ENV) != "off":  # "off": every run through Session.run (the reference)
                 names = tuple(sorted(feeds))
                 plan = self._plan(names, tuple(fetches))
                 values = [feeds[n] for n in names]

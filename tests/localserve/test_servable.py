@@ -17,12 +17,13 @@ from tensorflow_serving.apis import predict_pb2
 
 from embedgate.localserve import servable as servable_mod
 from embedgate.localserve.errors import ServingError
+from embedgate.localserve.request import DIRECT_ENV
 from embedgate.localserve.servable import Servable
 from tests.support.native import env_set
 
 
 def _direct(mode: str) -> AbstractContextManager[None]:
-    return env_set(servable_mod._DIRECT_RUN_ENV, mode)
+    return env_set(DIRECT_ENV, mode)
 
 
 @pytest.fixture(scope="module")
