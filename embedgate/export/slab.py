@@ -501,9 +501,8 @@ def _signatures(module: Any, specs: Sequence[TableSpec]) -> dict[str, Any]:
         uniq, win = winners(ids, timestamps, seqs)
         ts, seq = tf.gather(timestamps, win), tf.gather(seqs, win)
         slot, stored = tab.stored(uniq)
-        newer = _where(
-            tf.logical_and(newer_versions(stored, ts, seq), uniq < DELETED_KEY)
-        )  # reserved: ignored
+        # the positions of the newer ones; reserved ids are ignored
+        newer = _where(tf.logical_and(newer_versions(stored, ts, seq), uniq < DELETED_KEY))
         stamps = tf.gather(tf.stack([ts, seq], axis=1), newer)
         return tf.gather(uniq, newer), tf.gather(win, newer), stamps, tf.gather(slot, newer)
 
