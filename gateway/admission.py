@@ -27,7 +27,8 @@ in milliseconds and an admitted one is served at the unloaded speed.
   Work the limit cannot see (requests waiting for the event loop before they reach admission, e.g. gRPC calls under
   a flood) shows as loop lag: while the loop runs more than ``max_loop_lag_s`` late (:meth:`Admission.watch_lag`,
   three measurements in a row), new requests are refused at once (``loop_lag``).
-* :class:`ShedMiddleware` (REST): while a request would be refused anyway, refuses it before anything reads it.
+* :class:`Shedder` (REST): while a request would be refused anyway, refuses it before anything reads it, in the HTTP
+  protocol (:mod:`gateway.http_protocol`) or in :class:`ShedMiddleware`.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from schemas.gateway_settings import AdmissionSettings
 if TYPE_CHECKING:
     from gateway.metrics import Metrics
 
-__all__ = ["Admission", "GradientLimit", "Phase", "ShedMiddleware"]
+__all__ = ["Admission", "GradientLimit", "Phase", "ShedMiddleware", "Shedder"]
 
 _LAG_STREAK: Final = 3  # late lag measurements in a row that make the loop count as backlogged
 _MIN_GRADIENT: Final = 0.5
@@ -389,25 +390,25 @@ class Admission:
         return err_cls(msg, retry_after=self._retry_after)
 
 
-class ShedMiddleware:
-    """ASGI middleware refusing ``/v1/...`` requests at once while :meth:`Admission.saturated` says they would be
-    refused anyway: before the request id, the token check, the body or the routing, so a refusal under overload costs
-    as little as the HTTP server allows. Counted as shed (``queue_full`` / ``loop_lag``), rejected, and in ``requests_total`` as
+class Shedder:
+    """The early refusal of ``/v1/...`` requests while :meth:`Admission.saturated` says they would be refused anyway:
+    before the request id, the token check, the body or the routing, so a refusal under overload costs as little as
+    the HTTP server allows. Counted as shed (``queue_full`` / ``loop_lag``), rejected, and in ``requests_total`` as
     model ``_other``, api ``other``, outcome RESOURCE_EXHAUSTED / UNAVAILABLE. Without a token the answer is the same
-    429 (it tells nothing about models)."""
+    429 (it tells nothing about models). Used by :class:`ShedMiddleware` (any HTTP server) and by
+    :class:`gateway.http_protocol.GatewayHttpProtocol` (before uvicorn builds the ASGI request)."""
 
-    def __init__(self, app: ASGIApp, admission: Admission, metrics: Metrics) -> None:
-        self.app = app
+    def __init__(self, admission: Admission, metrics: Metrics) -> None:
         self.admission = admission
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        reason = None
-        if scope["type"] == "http" and scope["path"][:4].lower() == "/v1/":
-            reason = self.admission.saturated()
+    def refusal(self, path: str) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        """(status, headers, body) refusing a request for ``path`` now, counted; None when it may go on."""
+        if path[:4].lower() != "/v1/":
+            return None
+        reason = self.admission.saturated()
         if reason is None:
-            await self.app(scope, receive, send)
-            return
+            return None
         err = self.admission.refuse(reason)
         self.metrics.rejected.inc()
         self.metrics.requests.labels("_other", "", "other", err.code.name).inc()
@@ -415,5 +416,21 @@ class ShedMiddleware:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if err.retry_after is not None:
             headers.append((b"retry-after", str(int(err.retry_after)).encode()))
-        await send({"type": "http.response.start", "status": err.http_status, "headers": headers})
+        return err.http_status, headers, body
+
+
+class ShedMiddleware:
+    """ASGI middleware answering :class:`Shedder`'s refusals (outermost, so that they cost least)."""
+
+    def __init__(self, app: ASGIApp, shedder: Shedder) -> None:
+        self.app = app
+        self.shedder = shedder
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = self.shedder.refusal(scope["path"]) if scope["type"] == "http" else None
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        status, headers, body = refusal
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.admission import Admission, ShedMiddleware
+from gateway.admission import Admission, Shedder, ShedMiddleware
 from gateway.auth import Authenticator, exposure_problem
 from gateway.codec.json_tensor import error_body
 from gateway.errors import clip
@@ -197,9 +197,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         max_headers=lim.max_headers,
         max_header_bytes=lim.max_header_bytes,
     )
-    app.add_middleware(
-        ShedMiddleware, admission=runtime.limiter, metrics=metrics
-    )  # outermost: refusals cost least
+    # Refusals under overload: in the HTTP protocol before uvicorn builds the request (gateway.http_protocol finds
+    # app.state.shedder), else outermost here, where they cost least.
+    app.state.shedder = Shedder(runtime.limiter, metrics)
+    app.add_middleware(ShedMiddleware, shedder=app.state.shedder)
     if split:
         app.state.ops_app = _ops_app(runtime, manifests)
     return app

@@ -22,12 +22,15 @@ __all__ = ["limit_options", "loop_factory", "run", "serve"]
 
 
 def limit_options(settings: GatewaySettings) -> dict[str, Any]:
-    """uvicorn options for ``settings.limits`` (h11 stops reading a request line + headers past max_header_bytes)."""
+    """uvicorn options for ``settings.limits``: the HTTP protocol, which stops reading a request line + headers past
+    max_header_bytes (``httptools``: :class:`gateway.http_protocol.GatewayHttpProtocol`, which also refuses under
+    overload before the ASGI request; ``h11``: uvicorn's h11 protocol and its max incomplete event size)."""
     lim = settings.limits
-    opts: dict[str, Any] = {"http": lim.http_parser}
     if lim.http_parser == "h11":
-        opts["h11_max_incomplete_event_size"] = lim.max_header_bytes
-    return opts
+        return {"http": "h11", "h11_max_incomplete_event_size": lim.max_header_bytes}
+    from gateway.http_protocol import GatewayHttpProtocol
+
+    return {"http": GatewayHttpProtocol}
 
 
 class _Server(uvicorn.Server):

@@ -88,7 +88,9 @@ class LimitsSettings(_Strict):
         "once 1 MiB came out (413 above)",
     )
     max_header_bytes: int = Field(
-        16 * 1024, ge=1024, description="request line + headers (h11 max incomplete event size; 431 above)"
+        16 * 1024,
+        ge=1024,
+        description="request line + headers (414 / 431 above; a head still incomplete past it: 400)",
     )
     max_headers: int = Field(100, gt=0, description="header fields of one request (431 above)")
     offload_bytes: int = Field(
@@ -104,7 +106,9 @@ class LimitsSettings(_Strict):
         description="worker processes parsing and typing large request bodies (0: on the parse threads only)",
     )
     http_parser: Literal["h11", "httptools"] = Field(
-        "h11", description="uvicorn HTTP parser; h11 enforces max_header_bytes while reading headers"
+        "httptools",
+        description="HTTP/1.1 parser: httptools (the gateway's protocol on uvicorn's httptools one: refusals under "
+        "overload before the ASGI request) or h11 (pure Python); both bound max_header_bytes while reading headers",
     )
 
 

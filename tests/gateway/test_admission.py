@@ -9,7 +9,7 @@ import time
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.admission import _DRAIN_SAMPLES, Admission, GradientLimit, Phase, ShedMiddleware
+from gateway.admission import _DRAIN_SAMPLES, Admission, GradientLimit, Phase, Shedder, ShedMiddleware
 from gateway.errors import ResourceExhausted, Unavailable
 from gateway.metrics import Metrics
 from schemas.gateway_settings import AdmissionSettings
@@ -349,7 +349,7 @@ async def test_shed_middleware_refuses_before_anything_reads_the_request() -> No
     async def send(message: Message) -> None:
         sent.append(dict(message))
 
-    mw = ShedMiddleware(app, adm, metrics)
+    mw = ShedMiddleware(app, Shedder(adm, metrics))
     scope: Scope = {"type": "http", "path": "/v1/models/m:predict"}
     await mw(scope, receive, send)  # a free slot: passed on
     assert inner == ["/v1/models/m:predict"] and not sent
