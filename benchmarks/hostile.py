@@ -317,6 +317,7 @@ class Stack:
     quick: bool
     fronts: tuple[str, ...] = ("REST", "gRPC")  # the overload class's fronts (--front)
     pin: bool = True  # the overload class: load generators on one CPU, the stack on the others (--no-pin)
+    gateway_extra: dict[str, Any] = field(default_factory=dict)  # more gateway settings (--gateway-set)
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     manifest: Any = None
@@ -384,6 +385,7 @@ class Stack:
                     "ops_port": self.ops_port,
                     "auth": {"tokens_file": str(tokens)},
                     "log": {"access": False},
+                    **self.gateway_extra,
                 }
             )
         )
@@ -1436,11 +1438,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="overload: leave the load generators and the stack on every CPU (default: pinned apart)",
     )
+    ap.add_argument(
+        "--gateway-set",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help='more gateway settings, e.g. \'{"admission": {"adaptive": false}}\' (A/B runs)',
+    )
     args = ap.parse_args(argv)
     names = args.only or list(CLASSES)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
-        st = Stack(Path(tmp), args.quick, tuple(args.front or ("REST", "gRPC")), not args.no_pin)
+        st = Stack(
+            Path(tmp), args.quick, tuple(args.front or ("REST", "gRPC")), not args.no_pin, args.gateway_set
+        )
         with st.stack:
             st.start()
             results = asyncio.run(_run(st, names))

@@ -108,8 +108,9 @@ def ghz(target: str, request: bytes, proto_set: Path, *, clients: int, seconds: 
     )
 
 
-def vegeta(url: str, body: bytes, *, clients: int, seconds: float) -> Result:
-    """``clients`` workers POSTing ``body`` (JSON) to ``url`` as fast as they are answered, for ``seconds``."""
+def vegeta(url: str, body: bytes, *, clients: int, seconds: float, rate: float = 0) -> Result:
+    """``clients`` workers POSTing ``body`` (JSON) to ``url`` as fast as they are answered, for ``seconds``; with
+    ``rate`` > 0, open loop at that many requests/s instead (up to ``clients`` connections)."""
     with tempfile.TemporaryDirectory(prefix="vegeta-") as tmp:
         body_path = Path(tmp) / "body.json"
         body_path.write_bytes(body)
@@ -120,7 +121,7 @@ def vegeta(url: str, body: bytes, *, clients: int, seconds: float) -> Result:
             "attack",
             f"-targets={targets}",
             "-format=http",
-            "-rate=0",
+            f"-rate={rate:.0f}/s" if rate > 0 else "-rate=0",
             f"-workers={clients}",
             f"-max-workers={clients}",
             f"-connections={clients}",

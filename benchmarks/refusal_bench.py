@@ -1,0 +1,144 @@
+"""What a REST refusal under overload costs the gateway: uvicorn's h11 protocol with ``ShedMiddleware`` against the
+gateway's own protocol (``limits.http_parser: httptools``, :mod:`gateway.http_protocol`), which writes the 429 when
+the headers are parsed.
+
+    .venv/bin/python -m benchmarks.refusal_bench [--rate 1500] [--seconds 5] [--rounds 3]
+
+Each round starts one gateway per parser (the order alternates between rounds), pinned to CPU 0, in front of a fake
+TF Serving backend (``tests.gateway.fake_backend``) that holds ``GetModelMetadata``. The gateway admits one request at
+a time (``max_in_flight: 1``, no queue, no adaptive limit); one REST predict is sent and held at the backend, so every
+later ``/v1`` request is refused at once (``queue_full``). vegeta (pinned to CPU 1) then sends ``--rate`` predicts/s
+for ``--seconds``. Reported per parser: the gateway's CPU per refusal (``/proc/<pid>/stat`` around the attack, divided
+by the refusals the gateway counted), vegeta's p50 / p99, and the ratio of the two parsers' CPU within each round
+(median and range over the rounds). Bounded: every attack has its duration and a 10 s request timeout, the held call
+is released after each round (at most 30 s), everything talks to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import yaml
+
+from benchmarks.loadgen import vegeta
+from tests.gateway.fake_backend import FakeBackend, fake_backend
+from tests.support.gateway import run_gateway
+from tests.support.stack import cpu_seconds
+
+__all__ = ["main"]
+
+_PARSERS: Final = ("h11", "httptools")
+_BODY: Final = json.dumps({"instances": [[1.0, 2.0, 3.0, 4.0]]}).encode()
+_CLIENTS: Final = 256
+
+
+def _shed(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("embedgate_admission_shed_total{")
+    )
+
+
+def _held(url: str) -> None:
+    """One predict, held at the backend until the round ends (its answer does not matter)."""
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.post(url, content=_BODY, timeout=60)
+
+
+def _round(parser: str, backend: FakeBackend, work: Path, rate: float, seconds: float) -> dict[str, Any]:
+    cfg = work / f"gateway-{parser}.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "models": [{"kind": "passthrough", "name": "m", "target": backend.target}],
+                "max_in_flight": 1,
+                "admission": {"adaptive": False, "queue_timeout_s": 0},
+                "limits": {"http_parser": parser},
+                "log": {"access": False},
+            }
+        )
+    )
+    with run_gateway(cfg, ready_timeout=60) as gw:
+        os.sched_setaffinity(gw.proc.pid, {0})
+        url = f"{gw.url}/v1/models/m:predict"
+        held = threading.Thread(target=_held, args=(url,), daemon=True)
+        held.start()
+        if not backend.metadata_started.wait(30):  # the held request has the gateway's only slot
+            raise SystemExit("the held request never reached the backend")
+        shed0, cpu0 = _shed(gw.url), cpu_seconds(gw.proc.pid)
+        res = vegeta(url, _BODY, clients=_CLIENTS, seconds=seconds, rate=rate)
+        cpu, shed = cpu_seconds(gw.proc.pid) - cpu0, _shed(gw.url) - shed0
+    return {
+        "parser": parser,
+        "requests": res.requests,
+        "refused": shed,
+        "not_200": res.errors,
+        "cpu_us_per_refusal": 1e6 * cpu / max(1.0, shed),
+        "p50_ms": res.p50_ms,
+        "p99_ms": res.p99_ms,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", type=float, default=1500.0, help="requests/s sent (open loop)")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path, help="also write every round's figures here")
+    args = ap.parse_args(argv)
+    os.sched_setaffinity(0, {1})  # this process and vegeta (its child) on CPU 1
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="refusal-bench-") as tmp:
+        for r in range(args.rounds):
+            order = _PARSERS if r % 2 == 0 else _PARSERS[::-1]
+            for parser in order:
+                with fake_backend() as backend:
+                    backend.hold_metadata = True
+                    try:
+                        row = _round(parser, backend, Path(tmp), args.rate, args.seconds)
+                    finally:
+                        backend.release.set()
+                row["round"] = r + 1
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1))
+    print()
+    print(
+        f"`python -m benchmarks.refusal_bench --rate {args.rate:g} --seconds {args.seconds:g} --rounds {args.rounds}`; "
+        f"gateway on CPU 0, vegeta on CPU 1; load average {os.getloadavg()[0]:.1f} at the end."
+    )
+    print()
+    print("| round | parser | sent | refused (gateway's count) | CPU µs per refusal | p50 / p99 (ms) |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['round']} | {row['parser']} | {row['requests']:,} | {row['refused']:,.0f} | "
+            f"{row['cpu_us_per_refusal']:.0f} | {row['p50_ms']:.2f} / {row['p99_ms']:.2f} |"
+        )
+    ratios = []
+    for r in range(1, args.rounds + 1):
+        by = {row["parser"]: row["cpu_us_per_refusal"] for row in rows if row["round"] == r}
+        ratios.append(by["httptools"] / by["h11"])
+    print()
+    print(
+        f"CPU per refusal, httptools (the gateway's protocol) / h11: median {statistics.median(ratios):.2f}x "
+        f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} rounds"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
