@@ -83,7 +83,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        if self._shedder is not None and self.url[:4].lower() == _V1 and self._idle():
+        if (
+            self._shedder is not None
+            and self.url[:4].lower() == _V1
+            and self._idle()
+            and not self.parser.should_upgrade()  # an Upgrade goes the ordinary way, refused by the middleware
+        ):
             refusal = self._shedder.refusal(self.url.decode("latin-1"))
             if refusal is not None:
                 self._refuse(*refusal)

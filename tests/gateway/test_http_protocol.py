@@ -183,3 +183,20 @@ async def test_a_head_still_incomplete_past_the_bound_is_cut_while_read(parser: 
             assert await asyncio.wait_for(reader.read(), 30) == b""
         except ConnectionResetError:  # closed with the rest unread: the kernel may drop the 400 for the reset
             pass
+
+
+async def test_an_upgrade_request_is_not_refused_by_the_protocol() -> None:
+    """A WebSocket upgrade to a /v1 path goes the ordinary way even while /v1 requests are refused (the gateway has no
+    WebSocket routes: it is turned away, not answered with a 429 and then upgraded)."""
+    from gateway.app import create_app
+
+    settings = _settings(**_SATURATED)
+    app = create_app(settings)
+    async with _serving(app, settings) as port, _connection(port) as (reader, writer):
+        app.state.runtime.limiter.acquire()
+        writer.write(
+            b"GET /v1/models/m HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        status, _, _ = await _response(reader)
+        assert status == 403
