@@ -147,6 +147,7 @@ def serve(rows: int, batches: list[int], repeat: int) -> dict[str, Any]:
     import tempfile
 
     from embedgate.localserve.request import DIRECT_ENV
+    from tests.support.native import env_set
 
     report: dict[str, Any] = {
         "command": "python -m benchmarks.decode_bench " + " ".join(sys.argv[1:]),
@@ -159,13 +160,12 @@ def serve(rows: int, batches: list[int], repeat: int) -> dict[str, Any]:
             for i in range(repeat):
                 for target, servable in servables.items():
                     for mode in ("off", "on") if i % 2 else ("on", "off"):
-                        os.environ[DIRECT_ENV] = mode
-                        wall, cpu = time.perf_counter(), time.thread_time()
-                        _handle(servable, raws[target])
-                        got.setdefault((target, mode), []).append(
-                            ((time.perf_counter() - wall) * 1e3, (time.thread_time() - cpu) * 1e3)
-                        )
-            os.environ.pop(DIRECT_ENV, None)
+                        with env_set(DIRECT_ENV, mode):
+                            wall, cpu = time.perf_counter(), time.thread_time()
+                            _handle(servable, raws[target])
+                            got.setdefault((target, mode), []).append(
+                                ((time.perf_counter() - wall) * 1e3, (time.thread_time() - cpu) * 1e3)
+                            )
             med = {
                 k: {
                     "wall_ms": round(statistics.median(x[0] for x in v), 2),

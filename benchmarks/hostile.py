@@ -72,7 +72,7 @@ import numpy.typing as npt
 
 from benchmarks.report import write_section
 from schemas.gateway_settings import GatewaySettings
-from tests.support.stack import cpu_seconds
+from tests.support.stack import cpu_seconds, metric_sum
 
 __all__ = ["BEGIN", "CLASSES", "END", "ClassResult", "main", "table", "verdict"]
 
@@ -400,13 +400,7 @@ class Stack:
         """Sum of the gateway's samples of ``name`` (ops port) whose labels include ``labels``."""
         import httpx
 
-        text = httpx.get(f"{self.ops}/metrics", timeout=_CALL_S).text
-        total = 0.0
-        for m in re.finditer(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$", text, re.M):
-            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-            if all(have.get(k) == v for k, v in (labels or {}).items()):
-                total += float(m.group(2))
-        return total
+        return metric_sum(httpx.get(f"{self.ops}/metrics", timeout=_CALL_S).text, name, labels)
 
     def latency_buckets(self) -> dict[float, float]:
         """The gateway's cumulative ``embedgate_request_duration_seconds`` buckets of the model's predict calls (both

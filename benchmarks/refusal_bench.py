@@ -33,7 +33,7 @@ import yaml
 from benchmarks.loadgen import vegeta
 from tests.gateway.fake_backend import FakeBackend, fake_backend
 from tests.support.gateway import run_gateway
-from tests.support.stack import cpu_seconds
+from tests.support.stack import cpu_seconds, metric_sum
 
 __all__ = ["main"]
 
@@ -43,12 +43,7 @@ _CLIENTS: Final = 256
 
 
 def _shed(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("embedgate_admission_shed_total{")
-    )
+    return metric_sum(httpx.get(f"{url}/metrics", timeout=10).text, "embedgate_admission_shed_total")
 
 
 def _held(url: str) -> None:

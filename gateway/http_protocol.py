@@ -5,14 +5,13 @@ uvicorn's httptools protocol (llhttp, in C) with two additions:
 * **Refusals before the ASGI request.** While admission control would refuse a ``/v1/...`` request anyway
   (:class:`gateway.admission.Shedder`, the same decision and counts as :class:`gateway.admission.ShedMiddleware`),
   the 429 is written as soon as the request's headers are parsed: no ASGI scope, no task, no middleware, and the
-  request's body is skipped as it arrives. On a shared core this took a refusal from about 300 µs of CPU (uvicorn
-  with h11 and an ASGI app that only answers 429) to about 50 µs (docs/security.md "Overload: refusals in the HTTP
-  protocol"), CPU that then serves admitted requests.
+  request's body is skipped as it arrives. A refusal so costs the gateway 143-159 µs of CPU against 383-441 µs with
+  uvicorn's h11 protocol and the middleware (``python -m benchmarks.refusal_bench``, docs/security.md "Overload:
+  refusals in the HTTP protocol"), CPU that then serves admitted requests.
 * **A bounded request head while it is read**, as h11's ``max_incomplete_event_size`` bounds it: a request line and
   headers still incomplete past ``limits.max_header_bytes`` (counted over the reads after the one in which the
   request began, so at most that plus two socket reads are buffered) get a plain-text 400 and the connection is
-  closed. Heads within
-  the bound are checked exactly once parsed (414 / 431, ``gateway.app.HeadLimitMiddleware``).
+  closed. Heads within the bound are checked exactly once parsed (414 / 431, ``gateway.app.HeadLimitMiddleware``).
 
 The settings come from the ASGI app the server runs (``app.state.runtime`` and, on the public app,
 ``app.state.shedder``), found through the wrappers uvicorn puts around it, so that this class is importable by name
@@ -32,7 +31,6 @@ from gateway.admission import Shedder
 __all__ = ["GatewayHttpProtocol"]
 
 _UNWRAP_DEPTH: Final = 8  # uvicorn's wrappers (proxy headers, message logger) around the app
-_V1: Final = b"/v1/"
 
 
 def _app_state(app: Any) -> Any:
@@ -85,11 +83,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._in_head = False
         if (
             self._shedder is not None
-            and self.url[:4].lower() == _V1
             and self._idle()
             and not self.parser.should_upgrade()  # an Upgrade goes the ordinary way, refused by the middleware
         ):
-            refusal = self._shedder.refusal(self.url.decode("latin-1"))
+            refusal = self._shedder.refusal(self.url.decode("latin-1"))  # None for a path it never refuses
             if refusal is not None:
                 self._refuse(*refusal)
                 return

@@ -41,6 +41,7 @@ __all__ = [
     "UpdaterProc",
     "embedding_model",
     "exported_backends",
+    "metric_sum",
     "ps_lookup",
     "rss_bytes",
     "run_updater",
@@ -121,12 +122,7 @@ class UpdaterProc:
 
     def metric(self, name: str, labels: Mapping[str, str] | None = None) -> float:
         """Sum of the samples of ``name`` whose labels include ``labels`` (0.0 when there is none)."""
-        total = 0.0
-        for m in re.finditer(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$", self.metrics_text(), re.M):
-            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-            if all(have.get(k) == v for k, v in (labels or {}).items()):
-                total += float(m.group(2))
-        return total
+        return metric_sum(self.metrics_text(), name, labels)
 
     def kill(self, sig: int = signal.SIGKILL, timeout_s: float = 20.0) -> int:
         """Send ``sig`` and reap the process (SIGKILL after ``timeout_s``); returns its exit status."""
@@ -252,6 +248,17 @@ def _pids(pid: int, tree: bool) -> list[int]:
         if tree:
             todo.extend(_children(p))
     return out
+
+
+def metric_sum(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
+    """Sum of the samples of ``name`` in Prometheus exposition ``text`` whose labels include ``labels`` (0.0 when there
+    is none)."""
+    total = 0.0
+    for m in re.finditer(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$", text, re.M):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(have.get(k) == v for k, v in (labels or {}).items()):
+            total += float(m.group(2))
+    return total
 
 
 def rss_bytes(pid: int, *, tree: bool = True) -> int:
