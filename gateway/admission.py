@@ -58,6 +58,9 @@ _LAG_STREAK: Final = 3  # late lag measurements in a row that make the loop coun
 _MIN_GRADIENT: Final = 0.5
 _MAX_GRADIENT: Final = 2.0
 _DRAIN_SAMPLES: Final = 32  # releases whose rate bounds the admission queue (Admission.queue_room)
+_REASON_CODES: Final = {None: 0, "queue_full": 1, "loop_lag": 2}  # Admission.observe
+
+Observer = Callable[[int, int, int, int, int, int], None]
 
 
 class Phase(enum.Enum):
@@ -215,7 +218,30 @@ class Admission:
         self._metrics = metrics
         self._clock = clock
         self._shown_limit = -1
+        self._observer: Observer | None = None
         self._show_limit()
+
+    def observe(self, observer: Observer | None) -> None:
+        """Tell ``observer`` this object's state now and after every change (or stop, with None): (why a request
+        arriving now would be refused: 0 admitted, 1 ``queue_full``, 2 ``loop_lag``; in flight; the limit; waiting;
+        the loop's lag in ms; how many requests may be in flight or waiting at once, the limit plus
+        :attr:`queue_room`). The native gRPC gate (``gateway.grpc_front.server``) refuses from it without Python."""
+        self._observer = observer
+        self._publish()
+
+    def _publish(self) -> None:
+        obs = self._observer
+        if obs is not None:
+            reason = self._reason()
+            p = self.policy
+            obs(
+                _REASON_CODES[reason],
+                p.in_flight,
+                p.limit,
+                len(self._waiters),
+                round(self.loop_lag * 1000),
+                p.limit + (self.queue_room if self._queue_timeout > 0 else 0),
+            )
 
     @property
     def current(self) -> int:
@@ -254,6 +280,7 @@ class Admission:
             self._lagging = streak >= _LAG_STREAK
             if self._metrics is not None:
                 self._metrics.admission_loop_lag.set(self.loop_lag)
+            self._publish()
 
     def saturated(self) -> str | None:
         """Why a request arriving now would be refused at once (``loop_lag``; ``queue_full``: no free slot and the
@@ -261,6 +288,7 @@ class Admission:
         reason = self._reason()
         if reason is not None:
             self.policy.note_contention()
+            self._publish()
         return reason
 
     def refusal_from_thread(self, loop: asyncio.AbstractEventLoop) -> GatewayError | None:
@@ -293,7 +321,9 @@ class Admission:
         if self._max_lag > 0 and self._lagging:
             raise self._shed("loop_lag")
         if self._waiters or not self.policy.try_acquire():
+            self._publish()
             raise self._shed("queue_full")
+        self._publish()
         return self._clock()
 
     async def admit(self) -> float:
@@ -305,11 +335,14 @@ class Admission:
             self.policy.note_contention()
             raise self._shed("loop_lag")
         if not self._waiters and self.policy.try_acquire():
+            self._publish()
             return self._clock()
         if self._queue_timeout <= 0 or len(self._waiters) >= self.queue_room:
+            self._publish()
             raise self._shed("queue_full")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
+        self._publish()
         start = self._clock()
         try:
             await asyncio.wait((fut,), timeout=self._queue_timeout)
@@ -337,6 +370,7 @@ class Admission:
             if not fut.done() and self.policy.try_acquire():
                 fut.set_result(None)
         self._show_limit()
+        self._publish()
 
     def _note_release(self) -> None:
         """Record a release and, once :data:`_DRAIN_SAMPLES` are known, the queue room they give (see
@@ -353,6 +387,7 @@ class Admission:
         fut.cancel()
         with contextlib.suppress(ValueError):  # already taken off by release()
             self._waiters.remove(fut)
+        self._publish()
 
     def _show_limit(self) -> None:
         if self._metrics is not None and self.policy.limit != self._shown_limit:

@@ -118,6 +118,9 @@ class Runtime:
     gateway: Gateway | None = None
     channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
     grpc_port: int = 0  # the bound gRPC port while the gRPC front runs, else 0
+    grpc_front: GrpcFront | None = (
+        None  # while it runs (``.front``: "gate", native, or "python" on grpc_port)
+    )
     executor: ThreadPoolExecutor | None = None  # parse threads for large bodies (open while the app runs)
     procs: ParsePool | None = None  # parse worker processes for large bodies (limits.parse_processes > 0)
     stream: DeltaStream | None = None  # the hot-row cache's delta stream (cache.max_bytes > 0)
@@ -240,12 +243,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             front = GrpcFront(rt)
             await front.start()
             rt.grpc_port = front.port
+            rt.grpc_front = front
         log.info(
             "gateway started",
             extra={
                 "models": [m.name for m in s.models],
                 "targets": sorted(clients),
                 "grpc_port": rt.grpc_port,
+                "grpc_front": front.front if front is not None else "",
                 "rest_codec": native.path(),  # "native" (embedgate_native) or "reference" (gateway.native)
             },
         )
@@ -260,6 +265,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if front is not None:
             await front.stop()
             rt.grpc_port = 0
+            rt.grpc_front = None
         if rt.stream is not None and stream_task is not None:
             rt.stream.stop()
             stream_task.cancel()  # may sit in a connection attempt; the consumer is closed on the way out

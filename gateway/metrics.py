@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -29,6 +29,8 @@ _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 
 class Metrics:
     def __init__(self) -> None:
+        # called before every render: counts kept elsewhere (the native gRPC gate's refusals) added to these metrics
+        self.collect_hooks: list[Callable[[], None]] = []
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -146,6 +148,8 @@ class Metrics:
 
     def render(self) -> bytes:
         """The text exposition: this app's registry, or every worker's values when running several workers."""
+        for hook in list(self.collect_hooks):
+            hook()
         directory = os.environ.get(MULTIPROC_ENV)
         if directory:
             registry = CollectorRegistry()

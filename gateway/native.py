@@ -48,7 +48,7 @@ from gateway.errors import InvalidArgument
 from schemas.manifest import FeatureKind
 
 if TYPE_CHECKING:
-    from embedgate_native import CheckedBody, FeatureLayout, SlotIndex
+    from embedgate_native import CheckedBody, FeatureLayout, GrpcGate, SlotIndex
 
     from gateway.features import FeatureBatch
     from schemas.gateway_settings import LimitsSettings
@@ -61,6 +61,7 @@ __all__ = [
     "checked_tensors",
     "classify_response",
     "entry_request",
+    "grpc_gate",
     "path",
     "plain_predict_request",
     "plan_lookups",
@@ -98,6 +99,19 @@ def path() -> Literal["native", "reference"]:
     if os.environ.get(ENV, "auto").strip().lower() == "off" or not available():
         return "reference"
     return "native"
+
+
+def grpc_gate(
+    host: str, port: int, upstream: str, capacity: int, max_in_flight: int, max_lag_text: str, status: int
+) -> GrpcGate | None:
+    """The native gRPC gate (``native/src/gate.rs``) listening on ``host:port`` in front of the Python gRPC front on
+    the Unix socket ``upstream``; None when the native path is off (the Python front, its reference, then listens
+    itself). Raises OSError when it cannot listen."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return None
+    gate: GrpcGate = mod.GrpcGate(host, port, upstream, capacity, max_in_flight, max_lag_text, status)
+    return gate
 
 
 def predict_tensors(body: bytes, dtypes: Mapping[str, int]) -> tuple[dict[str, np.ndarray], Format] | None:

@@ -210,6 +210,12 @@ class GatewaySettings(EnvOverFile):
     grpc_port: int = Field(
         0, ge=0, le=65535, description="gRPC port of TF Serving's gRPC API (TF Serving uses 8500); 0 = off"
     )
+    grpc_front: Literal["gate", "python"] = Field(
+        "gate",
+        description="what listens on grpc_port: 'gate', the native gRPC gate (embedgate_native, a thread of its "
+        "own: refuses overload without Python and relays every other call to the Python front on a private Unix "
+        "socket); 'python', the Python front itself (grpc.aio)",
+    )
     workers: int = Field(
         1,
         ge=1,

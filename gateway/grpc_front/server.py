@@ -10,14 +10,26 @@ the state ``/readyz`` answers from): ``Check`` and ``Watch`` never call a backen
 (``auth.tokens_file``), a model name is answered only to a caller whose ``authorization`` metadata carries a token for
 it: otherwise UNAUTHENTICATED / PERMISSION_DENIED, whether or not such a model exists (the three services above stay
 open). Shutdown sets every status to NOT_SERVING first.
+
+The port itself (``grpc_front: gate``, the default) is the native gRPC gate's (``native/src/gate.rs`` through
+:func:`gateway.native.grpc_gate`): a thread that never takes the GIL, refusing calls to TF Serving's services while the
+gateway's admission would refuse them (the state :meth:`Admission.observe` publishes) or while the calls it relayed
+and not yet answered fill the admission limit plus its queue, and relaying every other call, frame by frame, to this
+``grpc.aio`` server on a Unix socket in a private directory. With ``grpc_front: python`` or the native path off
+(``EMBEDGATE_NATIVE=off``, or the module missing) this server listens on the port itself. The gate's refusals are
+counted as the front's own (``embedgate_admission_shed_total{reason}``: ``queue_full``, ``loop_lag``, and
+``grpc_gate`` for its own bound), read from the gate at every ``/metrics`` scrape and every second.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
+import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
@@ -25,6 +37,7 @@ from typing import Any, Final, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from gateway import native
 from gateway.errors import GatewayError, public_message
 from gateway.grpc_front.servicer import MODEL_SERVICE, PREDICTION_SERVICE, generic_handlers
 from gateway.lifespan import Runtime
@@ -40,6 +53,8 @@ _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _STATUS: Final = {s.value[0]: s for s in grpc.StatusCode}
 _T = TypeVar("_T")
+_GATE_REASONS: Final = ("queue_full", "loop_lag", "grpc_gate")  # GrpcGate.take_refused's order
+_GATE_SYNC_S: Final = 1.0  # how often the gate's refusals are added to the metrics (also at every scrape)
 
 
 class _Health(health.aio.HealthServicer):  # type: ignore[misc]
@@ -109,6 +124,10 @@ class GrpcFront:
         self._thread: threading.Thread | None = None
         self._server: grpc.aio.Server | None = None
         self._health: _Health | None = None
+        self._gate: Any = None  # embedgate_native.GrpcGate while the gate listens
+        self._gate_dir: str | None = None
+        self._gate_sync: asyncio.Task[None] | None = None
+        self.front = "python"  # what listens on the port: "gate" or "python"
 
     def _build(self, core_loop: asyncio.AbstractEventLoop) -> None:
         """The server and its services (on the gRPC loop)."""
@@ -133,13 +152,13 @@ class GrpcFront:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
 
     async def _start_here(
-        self, core_loop: asyncio.AbstractEventLoop, models: dict[str, str], ready: bool
+        self, core_loop: asyncio.AbstractEventLoop, models: dict[str, str], ready: bool, address: str
     ) -> int:
         self._build(core_loop)
         assert self._server is not None and self._health is not None
-        port: int = self._server.add_insecure_port(self._address)
+        port: int = self._server.add_insecure_port(address)
         if port == 0:
-            raise RuntimeError(f"cannot listen for gRPC on {self._address}")
+            raise RuntimeError(f"cannot listen for gRPC on {address}")
         await self._health.update(models, ready)
         await self._server.start()
         return port
@@ -174,25 +193,112 @@ class GrpcFront:
             target=self._run, args=(self._loop,), name="embedgate-grpc", daemon=True
         )
         self._thread.start()
+        s = self._rt.settings
+        gated = s.grpc_front == "gate" and native.path() == "native"
+        address = self._address
+        if gated:
+            self._gate_dir = tempfile.mkdtemp(
+                prefix="embedgate-grpc-"
+            )  # 0700: only this user reaches the front
+            address = f"unix:{self._gate_dir}/front.sock"
         try:
             state = self._rt.readiness
-            self.port = await self._on_grpc_loop(self._start_here(core_loop, dict(state.models), state.ready))
+            port = await self._on_grpc_loop(
+                self._start_here(core_loop, dict(state.models), state.ready, address)
+            )
+            self.port = self._open_gate() if gated else port
         except BaseException:
+            await self._stop_python(0)
             await self._close_loop()
+            self._remove_gate_dir()
             raise
         self._rt.readiness.subscribe(self._update_health)
-        log.info("grpc started", extra={"address": self._address})
+        log.info(
+            "grpc started", extra={"address": self._address, "port": self.port, "grpc_front": self.front}
+        )
+
+    def _open_gate(self) -> int:
+        """The native gate on the public address, in front of the Python server on the Unix socket (on the gateway's
+        loop: admission's state is published from there)."""
+        s = self._rt.settings
+        limiter = self._rt.limiter
+        try:
+            gate = native.grpc_gate(
+                s.host,
+                s.grpc_port,
+                f"{self._gate_dir}/front.sock",
+                limiter.limit,
+                s.max_in_flight,
+                f"{s.admission.max_loop_lag_s:g}",
+                8 if s.overload_status == 429 else 14,
+            )
+        except OSError as exc:
+            raise RuntimeError(str(exc)) from None
+        if gate is None:  # native path turned off meanwhile: cannot happen after the check in start()
+            raise RuntimeError("the native gRPC gate is not available")
+        self._gate = gate
+        self.front = "gate"
+        limiter.observe(gate.set_state)
+        self._rt.metrics.collect_hooks.append(self._count_gate_refusals)
+        self._gate_sync = asyncio.create_task(self._sync_gate(), name="grpc-gate-metrics")
+        port: int = gate.port
+        return port
+
+    @property
+    def relayed(self) -> int:
+        """Calls to TF Serving's services the gate relayed and that are not yet answered (0 without a gate)."""
+        return int(self._gate.relayed) if self._gate is not None else 0
+
+    def _count_gate_refusals(self) -> None:
+        """Add the gate's refusals since the last call to the front's metrics (as :class:`Shedder` counts REST's)."""
+        gate = self._gate
+        if gate is None:
+            return
+        m = self._rt.metrics
+        code = "RESOURCE_EXHAUSTED" if self._rt.settings.overload_status == 429 else "UNAVAILABLE"
+        for reason, n in zip(_GATE_REASONS, gate.take_refused(), strict=True):
+            if n:
+                m.admission_shed.labels(reason).inc(n)
+                m.rejected.inc(n)
+                m.requests.labels("_other", "", "other", code).inc(n)
+
+    async def _sync_gate(self) -> None:
+        while True:
+            await asyncio.sleep(_GATE_SYNC_S)
+            self._count_gate_refusals()
+
+    def _remove_gate_dir(self) -> None:
+        if self._gate_dir is not None:
+            shutil.rmtree(self._gate_dir, ignore_errors=True)
+            self._gate_dir = None
 
     async def stop(self, grace: float = 5.0) -> None:
+        """Every health status NOT_SERVING; the gate (if any) stops listening, sends GOAWAY and waits up to
+        ``grace`` for the calls it relayed; then the Python server stops within ``grace``."""
         self._rt.readiness.unsubscribe(self._update_health)
-        if self._server is not None and self._health is not None:
-            await self._on_grpc_loop(self._stop_here(grace))
+        if self._health is not None and self._loop is not None:
+            await self._on_grpc_loop(self._health.enter_graceful_shutdown())
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            self._rt.limiter.observe(None)
+            if self._gate_sync is not None:
+                self._gate_sync.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._gate_sync
+                self._gate_sync = None
+            await asyncio.to_thread(gate.close, grace)
+            with contextlib.suppress(ValueError):
+                self._rt.metrics.collect_hooks.remove(self._count_gate_refusals)
+            self._gate = gate  # its last refusals counted
+            self._count_gate_refusals()
+            self._gate = None
+        await self._stop_python(grace)
         await self._close_loop()
+        self._remove_gate_dir()
 
-    async def _stop_here(self, grace: float) -> None:
-        assert self._server is not None and self._health is not None
-        await self._health.enter_graceful_shutdown()
-        await self._server.stop(grace)
+    async def _stop_python(self, grace: float) -> None:
+        if self._server is not None and self._loop is not None:
+            await self._on_grpc_loop(self._server.stop(grace))
 
     async def _close_loop(self) -> None:
         if self._loop is not None and self._thread is not None:

@@ -20,6 +20,7 @@ mod entry;
 mod scan;
 mod predict_req;
 mod wire;
+mod gate;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -415,6 +416,7 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(predict_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(check_predict, m)?)?;
     m.add_class::<CheckedBody>()?;
+    m.add_class::<gate::GrpcGate>()?;
     response::register(m)?;
     plan::register(m)?;
     pool::register(m)?;

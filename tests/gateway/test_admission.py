@@ -457,3 +457,34 @@ async def test_a_slow_release_rate_still_lets_one_request_wait() -> None:
         now[0] += 1.0
         adm.release(None)
     assert adm.queue_room == 1
+
+
+async def test_an_observer_sees_every_change_of_what_a_request_would_get() -> None:
+    """:meth:`Admission.observe` (what the native gRPC gate refuses from): the reason a request arriving now would be
+    refused (0 admitted, 1 queue_full), the numbers of its text, and the limit plus the queue room."""
+    seen: list[tuple[int, int, int, int, int, int]] = []
+    adm = Admission(2, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=30, max_queue=5))
+    adm.observe(lambda *state: seen.append(state))
+    assert seen[-1] == (0, 0, 2, 0, 0, 4)  # told at once: nothing in flight, limit 2, room 2
+    first = await adm.admit()
+    assert seen[-1] == (0, 1, 2, 0, 0, 4)
+    adm.acquire()
+    waiters = [asyncio.create_task(adm.admit()) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert seen[-1] == (1, 2, 2, 2, 0, 4)  # full and the queue full: a request now is refused
+    adm.release(first)
+    await waiters[0]
+    assert seen[-1] == (0, 2, 2, 1, 0, 4)  # a waiter took the slot: room in the queue again
+    waiters[1].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiters[1]
+    assert seen[-1] == (0, 2, 2, 0, 0, 4)
+    adm.observe(None)
+    n = len(seen)
+    adm.release(None)
+    assert len(seen) == n  # no longer told
+    no_queue = Admission(1, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=0))
+    no_queue.observe(lambda *state: seen.append(state))
+    assert seen[-1] == (0, 0, 1, 0, 0, 1)  # without a queue the bound is the limit alone
+    no_queue.acquire()
+    assert seen[-1] == (1, 1, 1, 0, 0, 1)

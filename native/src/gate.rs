@@ -1,0 +1,499 @@
+//! The gRPC gate: the gateway's public gRPC port, served natively, in front of the Python gRPC front.
+//!
+//! Why: a call refused in Python costs the `grpc.aio` server about 0.4 ms of CPU before any gateway code runs, and
+//! under a flood the calls wait in gRPC core's queue for the Python thread, refusals included (issue 21: a
+//! RESOURCE_EXHAUSTED median of seconds at 3x capacity). The gate is an HTTP/2 server on its own OS thread (a tokio
+//! runtime; it never takes the GIL). Each call to an admitted method (`/tensorflow.serving.PredictionService/*`,
+//! `/tensorflow.serving.ModelService/*`) is either refused at once, here, or relayed frame by frame to the Python
+//! front on a private Unix socket (one HTTP/2 connection, every call a stream of it; headers, messages, trailers and
+//! resets as they come, within HTTP/2 flow control on both sides). A call is refused while
+//! * the gateway's admission would refuse any request now (the state the gateway publishes with
+//!   [`GrpcGate::set_state`] on every change: no free slot and the queue full, or the loop lagging), with the very
+//!   text the gateway's own refusal has; or
+//! * the calls relayed and not yet answered are as many as the gateway can take (its concurrency limit plus its
+//!   queue): a call past that would wait in the Python front's queue, unseen by admission.
+//!
+//! Every other call (the health service, reflection) is relayed as it is. Refusals are counted here by reason and
+//! read by the gateway's metrics ([`GrpcGate::take_refused`]).
+
+use std::collections::HashMap;
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use h2::server::SendResponse;
+use h2::{RecvStream, Reason, SendStream};
+use http::{HeaderValue, Request, Response, Uri};
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixStream};
+use tokio::sync::watch;
+
+const GUARDED: [&str; 2] = ["/tensorflow.serving.PredictionService/", "/tensorflow.serving.ModelService/"];
+
+/// Why admission refuses now (published by the gateway).
+const OPEN: u8 = 0;
+const QUEUE_FULL: u8 = 1;
+const LOOP_LAG: u8 = 2;
+
+const WINDOW: u32 = 1 << 20; // per stream, both connections
+const CONN_WINDOW: u32 = 1 << 24;
+
+struct Shared {
+    reason: AtomicU8,
+    in_flight: AtomicI64, // the gateway's admission: admitted and not released
+    limit: AtomicI64,     // its concurrency limit
+    waiting: AtomicI64,   // its queue
+    lag_ms: AtomicI64,    // how late its loop runs
+    capacity: AtomicI64,  // relayed guarded calls allowed at once
+    relayed: AtomicI64,   // relayed guarded calls not yet answered
+    refused: [AtomicU64; 3], // queue_full, loop_lag, gate_full
+    max_in_flight: i64,
+    max_lag_text: String, // admission.max_loop_lag_s as the gateway words it
+    status: u16,          // gRPC code of a refusal: 8 RESOURCE_EXHAUSTED or 14 UNAVAILABLE
+    closing: AtomicBool,
+}
+
+impl Shared {
+    /// The refusal's reason index and text, or None to relay (takes a relay slot when it answers None).
+    fn admit(&self) -> Option<(usize, String)> {
+        match self.reason.load(Ordering::Acquire) {
+            QUEUE_FULL => {
+                return Some((
+                    0,
+                    format!(
+                        "Too many requests in flight: {} at the concurrency limit of {} (max_in_flight={}), {} \
+                         waiting (admission.max_queue); retry later",
+                        self.in_flight.load(Ordering::Relaxed),
+                        self.limit.load(Ordering::Relaxed),
+                        self.max_in_flight,
+                        self.waiting.load(Ordering::Relaxed)
+                    ),
+                ))
+            }
+            LOOP_LAG => {
+                return Some((
+                    1,
+                    format!(
+                        "Overloaded: the gateway is running {} ms behind (admission.max_loop_lag_s={}); retry later",
+                        self.lag_ms.load(Ordering::Relaxed),
+                        self.max_lag_text
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        let cap = self.capacity.load(Ordering::Acquire);
+        let before = self.relayed.fetch_add(1, Ordering::AcqRel);
+        if before < cap {
+            return None;
+        }
+        self.relayed.fetch_sub(1, Ordering::AcqRel);
+        Some((
+            2,
+            format!(
+                "Too many calls in flight at the gRPC front: {before} at its limit of {cap} (the concurrency limit \
+                 plus the admission queue, max_in_flight={}); retry later",
+                self.max_in_flight
+            ),
+        ))
+    }
+}
+
+/// A relay slot, given back when the call ends however it ends.
+struct Slot(Arc<Shared>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.relayed.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The one HTTP/2 connection to the Python front, opened again when it breaks.
+struct Upstream {
+    path: PathBuf,
+    conn: tokio::sync::Mutex<Option<SendRequest<Bytes>>>,
+}
+
+impl Upstream {
+    async fn sender(&self) -> Result<SendRequest<Bytes>, h2::Error> {
+        let mut guard = self.conn.lock().await;
+        if let Some(s) = guard.as_ref() {
+            if let Ok(ready) = s.clone().ready().await {
+                return Ok(ready);
+            }
+        }
+        let io = UnixStream::connect(&self.path).await.map_err(|_| h2::Error::from(Reason::REFUSED_STREAM))?;
+        let (send, conn) = h2::client::Builder::new()
+            .initial_window_size(WINDOW)
+            .initial_connection_window_size(CONN_WINDOW)
+            .max_concurrent_reset_streams(4096)
+            .handshake::<_, Bytes>(io)
+            .await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        *guard = Some(send.clone());
+        drop(guard);
+        send.ready().await
+    }
+}
+
+/// The percent-encoding of a `grpc-message` (gRPC's HTTP/2 protocol: bytes outside 0x20-0x7E and '%').
+fn grpc_message(text: &str) -> HeaderValue {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    HeaderValue::from_str(&out).unwrap_or_else(|_| HeaderValue::from_static("refused"))
+}
+
+/// A trailers-only answer: the status and message in the response headers, ending the stream.
+fn refuse(respond: &mut SendResponse<Bytes>, status: u16, text: &str) {
+    let resp = Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc")
+        .header("grpc-status", status.to_string())
+        .header("grpc-message", grpc_message(text))
+        .body(())
+        .expect("static response parts");
+    if respond.send_response(resp, true).is_err() {
+        respond.send_reset(Reason::INTERNAL_ERROR);
+    }
+}
+
+/// Send `chunk` on `out` as flow control allows (so the gate holds at most a window of it).
+async fn send_all(out: &mut SendStream<Bytes>, mut chunk: Bytes) -> Result<(), h2::Error> {
+    while !chunk.is_empty() {
+        out.reserve_capacity(chunk.len());
+        let granted = match poll_fn(|cx| out.poll_capacity(cx)).await {
+            Some(r) => r?,
+            None => return Err(h2::Error::from(Reason::CANCEL)),
+        };
+        if granted == 0 {
+            continue;
+        }
+        let piece = chunk.split_to(granted.min(chunk.len()));
+        out.send_data(piece, false)?;
+    }
+    Ok(())
+}
+
+/// Copy a body (data, then trailers or its end) from `body` to `out`, giving `body`'s window back as it goes.
+async fn pump(mut body: RecvStream, out: &mut SendStream<Bytes>) -> Result<(), h2::Error> {
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let n = chunk.len();
+        send_all(out, chunk).await?;
+        let _ = body.flow_control().release_capacity(n);
+    }
+    match body.trailers().await? {
+        Some(trailers) => out.send_trailers(trailers),
+        None => out.send_data(Bytes::new(), true),
+    }
+}
+
+fn upstream_request(head: &http::request::Parts) -> Request<()> {
+    let path = head.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let uri = Uri::builder()
+        .scheme("http")
+        .authority(head.uri.authority().map(|a| a.as_str()).unwrap_or("localhost"))
+        .path_and_query(path)
+        .build()
+        .unwrap_or_else(|_| Uri::from_static("http://localhost/"));
+    let mut req = Request::builder().method(head.method.clone()).uri(uri).body(()).expect("request parts");
+    *req.headers_mut() = head.headers.clone();
+    req
+}
+
+/// Relay one call to the Python front and its answer back.
+async fn relay(req: Request<RecvStream>, respond: &mut SendResponse<Bytes>, up: &Upstream) -> Result<(), h2::Error> {
+    let (head, body) = req.into_parts();
+    let mut sender = up.sender().await?;
+    let ended = body.is_end_stream();
+    let (answer, mut out) = sender.send_request(upstream_request(&head), ended)?;
+    // The request body goes up while the answer is awaited: the front may answer (a refusal, a missing token)
+    // before it reads the message.
+    let up_task = tokio::spawn(async move {
+        if ended {
+            return Ok(());
+        }
+        let r = pump(body, &mut out).await;
+        if r.is_err() {
+            out.send_reset(Reason::CANCEL);
+        }
+        r
+    });
+    let answer = tokio::select! {
+        a = answer => a,
+        reset = poll_fn(|cx| respond.poll_reset(cx)) => {
+            up_task.abort(); // dropping its SendStream resets the upstream stream
+            return reset.map(|_| ());
+        }
+    };
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => {
+            up_task.abort();
+            return Err(e);
+        }
+    };
+    let (parts, rbody) = answer.into_parts();
+    let done = rbody.is_end_stream();
+    let mut down = respond.send_response(Response::from_parts(parts, ()), done)?;
+    if !done {
+        let r = pump(rbody, &mut down).await;
+        if r.is_err() {
+            down.send_reset(Reason::CANCEL);
+        }
+    }
+    // An answer before the whole request was read (trailers-only refusal): the rest of the request is not needed.
+    up_task.abort();
+    Ok(())
+}
+
+async fn call(req: Request<RecvStream>, mut respond: SendResponse<Bytes>, shared: Arc<Shared>, up: Arc<Upstream>) {
+    let path = req.uri().path();
+    let guarded = GUARDED.iter().any(|p| path.starts_with(p));
+    let _slot = if guarded {
+        if let Some((reason, text)) = shared.admit() {
+            shared.refused[reason].fetch_add(1, Ordering::Relaxed);
+            refuse(&mut respond, shared.status, &text);
+            return;
+        }
+        Some(Slot(shared.clone()))
+    } else {
+        None
+    };
+    if relay(req, &mut respond, &up).await.is_err() {
+        // Upstream gone before it answered: UNAVAILABLE (14), as a client of a restarting server sees it.
+        if shared.closing.load(Ordering::Acquire) {
+            respond.send_reset(Reason::REFUSED_STREAM);
+        } else {
+            refuse(&mut respond, 14, "The gateway's gRPC front is not reachable; retry later");
+        }
+    }
+}
+
+async fn connection(sock: TcpStream, shared: Arc<Shared>, up: Arc<Upstream>, mut stop: watch::Receiver<bool>) {
+    let _ = sock.set_nodelay(true);
+    let mut conn = match h2::server::Builder::new()
+        .initial_window_size(WINDOW)
+        .initial_connection_window_size(CONN_WINDOW)
+        .max_concurrent_streams(4096)
+        .max_concurrent_reset_streams(4096)
+        .handshake::<_, Bytes>(sock)
+        .await
+    {
+        Ok(c) => c,
+        Err(_) => return,
+    };
+    let mut stopping = *stop.borrow();
+    if stopping {
+        conn.graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            next = conn.accept() => match next {
+                Some(Ok((req, respond))) => {
+                    tokio::spawn(call(req, respond, shared.clone(), up.clone()));
+                }
+                _ => break,
+            },
+            changed = stop.changed(), if !stopping => {
+                stopping = true;
+                if changed.is_ok() {
+                    conn.graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, up: Arc<Upstream>, stop: watch::Receiver<bool>) {
+    let mut tasks = Vec::new();
+    for listener in listeners {
+        let (shared, up, mut stop) = (shared.clone(), up.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut conns = Vec::new();
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        if let Ok((sock, _)) = accepted {
+                            conns.push(tokio::spawn(connection(sock, shared.clone(), up.clone(), stop.clone())));
+                            conns.retain(|t: &tokio::task::JoinHandle<()>| !t.is_finished());
+                        }
+                    }
+                    _ = stop.changed() => break,
+                }
+            }
+            drop(listener);
+            for t in conns {
+                let _ = t.await;
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+fn bind(addrs: &[SocketAddr], backlog: u32) -> std::io::Result<Vec<TcpListener>> {
+    let mut out = Vec::new();
+    let mut port = addrs.first().map(|a| a.port()).unwrap_or(0);
+    for addr in addrs {
+        let mut addr = *addr;
+        addr.set_port(port);
+        let sock = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        sock.set_reuseaddr(true)?;
+        sock.set_reuseport(true)?; // several gateway workers share the port, as gRPC's own server does
+        sock.set_nodelay(true)?;
+        sock.bind(addr)?;
+        let listener = sock.listen(backlog)?;
+        port = listener.local_addr()?.port();
+        out.push(listener);
+    }
+    Ok(out)
+}
+
+/// The gate. Built by the gateway's gRPC front (`gateway.grpc_front.server`) through `gateway.native.grpc_gate`.
+#[pyclass(module = "embedgate_native")]
+pub struct GrpcGate {
+    shared: Arc<Shared>,
+    port: u16,
+    stop: watch::Sender<bool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[pymethods]
+impl GrpcGate {
+    /// Listen on `host:port` (0: any free port; every address `host` resolves to) and relay to the HTTP/2 server on
+    /// the Unix socket `upstream`. `max_in_flight`, `max_lag_text` and `status` word refusals as the gateway's
+    /// admission does; `capacity` is the first relay bound (see `set_state`).
+    #[new]
+    #[pyo3(signature = (host, port, upstream, capacity, max_in_flight, max_lag_text, status))]
+    fn new(
+        host: &str,
+        port: u16,
+        upstream: &str,
+        capacity: i64,
+        max_in_flight: i64,
+        max_lag_text: &str,
+        status: u16,
+    ) -> PyResult<Self> {
+        if status != 8 && status != 14 {
+            return Err(PyValueError::new_err(format!("refusal status must be 8 or 14, not {status}")));
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| PyOSError::new_err(format!("gRPC gate runtime: {e}")))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let listeners = runtime
+            .block_on(async {
+                let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port)).await?.collect();
+                if addrs.is_empty() {
+                    return Err(std::io::Error::other("no address"));
+                }
+                let mut seen = HashMap::new();
+                let addrs: Vec<SocketAddr> = addrs.into_iter().filter(|a| seen.insert(*a, ()).is_none()).collect();
+                bind(&addrs, 4096)
+            })
+            .map_err(|e| PyOSError::new_err(format!("cannot listen for gRPC on {host}:{port}: {e}")))?;
+        let bound = listeners[0].local_addr().map(|a| a.port()).unwrap_or(0);
+        let shared = Arc::new(Shared {
+            reason: AtomicU8::new(OPEN),
+            in_flight: AtomicI64::new(0),
+            limit: AtomicI64::new(max_in_flight),
+            waiting: AtomicI64::new(0),
+            lag_ms: AtomicI64::new(0),
+            capacity: AtomicI64::new(capacity),
+            relayed: AtomicI64::new(0),
+            refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+            max_in_flight,
+            max_lag_text: max_lag_text.to_string(),
+            status,
+            closing: AtomicBool::new(false),
+        });
+        let up = Arc::new(Upstream { path: PathBuf::from(upstream), conn: tokio::sync::Mutex::new(None) });
+        let (stop, stop_rx) = watch::channel(false);
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("embedgate-gate".into())
+            .spawn(move || runtime.block_on(serve(listeners, s, up, stop_rx)))
+            .map_err(|e| PyOSError::new_err(format!("gRPC gate thread: {e}")))?;
+        Ok(GrpcGate { shared, port: bound, stop, thread: Mutex::new(Some(thread)) })
+    }
+
+    /// The port listened on.
+    #[getter]
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The gateway's admission now: `reason` 0 (admits), 1 (queue full) or 2 (loop lagging), its numbers for the
+    /// refusal's text, and `capacity`, the relayed calls allowed at once (its limit plus its queue).
+    #[pyo3(signature = (reason, in_flight, limit, waiting, lag_ms, capacity))]
+    fn set_state(&self, reason: u8, in_flight: i64, limit: i64, waiting: i64, lag_ms: i64, capacity: i64) {
+        let s = &self.shared;
+        s.in_flight.store(in_flight, Ordering::Relaxed);
+        s.limit.store(limit, Ordering::Relaxed);
+        s.waiting.store(waiting, Ordering::Relaxed);
+        s.lag_ms.store(lag_ms, Ordering::Relaxed);
+        s.capacity.store(capacity, Ordering::Release);
+        s.reason.store(reason.min(LOOP_LAG), Ordering::Release);
+    }
+
+    /// Refusals since the last call, by reason: (queue_full, loop_lag, gate_full).
+    fn take_refused(&self) -> (u64, u64, u64) {
+        let r = &self.shared.refused;
+        (r[0].swap(0, Ordering::Relaxed), r[1].swap(0, Ordering::Relaxed), r[2].swap(0, Ordering::Relaxed))
+    }
+
+    /// Guarded calls relayed and not yet answered.
+    #[getter]
+    fn relayed(&self) -> i64 {
+        self.shared.relayed.load(Ordering::Acquire)
+    }
+
+    /// Stop listening, tell every client to go away (HTTP/2 GOAWAY) and wait up to `grace_s` for the calls in
+    /// flight; then the thread ends with the process or at the next close.
+    fn close(&self, py: Python<'_>, grace_s: f64) {
+        self.shared.closing.store(true, Ordering::Release);
+        let _ = self.stop.send(true);
+        let handle = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(handle) = handle {
+            py.allow_threads(|| {
+                let deadline = std::time::Instant::now() + Duration::from_secs_f64(grace_s.max(0.0));
+                while !handle.is_finished() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                if handle.is_finished() {
+                    let _ = handle.join();
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_message_percent_encodes() {
+        assert_eq!(grpc_message("a b%c").to_str().unwrap(), "a b%25c");
+        assert_eq!(grpc_message("é").to_str().unwrap(), "%C3%A9");
+    }
+}

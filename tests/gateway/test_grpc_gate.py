@@ -1,0 +1,233 @@
+"""The native gRPC gate (``native/src/gate.rs``, ``grpc_front: gate``, the default) in front of the Python gRPC front.
+
+In-process gateways on real gRPC (127.0.0.1) over ``tests.gateway.fake_backend``, which holds GetModelMetadata until
+released, so which calls are in flight does not depend on timing. Every other gRPC test of the suite runs through the
+gate too (it is the default); these check what only the gate does: its own bound, refusals worded and counted as
+the Python front's, relaying of streams and large messages, and the Python front (``grpc_front: python``) as the
+reference."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from schemas.proto import tfs_pb2
+from tests.gateway.fake_backend import FakeBackend, fake_backend
+from tests.support.ports import free_port
+from tests.support.stack import metric_sum
+
+pytestmark = pytest.mark.integration
+
+_WAIT_S = 60.0  # bound of every wait (never reached when the gateway behaves)
+_METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
+_PREDICT = "/tensorflow.serving.PredictionService/Predict"
+_REQ = tfs_pb2.GetModelMetadataRequest(
+    model_spec=tfs_pb2.ModelSpec(name="m"), metadata_field=["signature_def"]
+)
+
+
+def _app(backend: FakeBackend, front: str, **admission: Any) -> Any:
+    from gateway.app import create_app
+    from schemas.deployment import PassthroughModel
+    from schemas.gateway_settings import GatewaySettings
+
+    settings = GatewaySettings(
+        models=[PassthroughModel(name="m", target=backend.target)],
+        host="127.0.0.1",
+        grpc_port=free_port(),
+        grpc_front=front,
+        max_in_flight=1,
+        admission={"max_loop_lag_s": 0, **admission},
+    )
+    return create_app(settings)
+
+
+async def _call(
+    channel: grpc.aio.Channel, method: str = _METADATA, req: Any = _REQ
+) -> tuple[grpc.StatusCode, str]:
+    try:
+        await channel.unary_unary(method, request_serializer=type(req).SerializeToString)(
+            req, timeout=_WAIT_S
+        )
+    except grpc.aio.AioRpcError as exc:
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+async def _until(check: Any) -> None:
+    for _ in range(int(_WAIT_S / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail("condition never met")
+
+
+def _metrics(app: Any) -> str:
+    return app.state.runtime.metrics.render().decode()
+
+
+@pytest.fixture
+def backend() -> Iterator[FakeBackend]:
+    with fake_backend() as fb:
+        fb.hold_metadata = True
+        yield fb
+
+
+@pytest.mark.parametrize("front", ["gate", "python"])
+def test_a_call_over_the_limit_gets_the_same_refusal_from_either_front(
+    backend: FakeBackend, front: str
+) -> None:
+    """The only slot held at the backend, no queue: the next call is refused RESOURCE_EXHAUSTED with admission's own
+    text and counted as ``queue_full``, by the gate as by the Python front; once the slot is free calls pass."""
+
+    async def scenario() -> None:
+        app = _app(backend, front, queue_timeout_s=0)
+        async with app.router.lifespan_context(app):
+            rt = app.state.runtime
+            assert rt.grpc_front is not None and rt.grpc_front.front == front
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{rt.grpc_port}") as channel:
+                first = asyncio.ensure_future(_call(channel))
+                await asyncio.to_thread(backend.metadata_started.wait, _WAIT_S)
+                await _until(lambda: rt.limiter.current == 1)
+                code, text = await _call(channel)
+                assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, text)
+                assert text == (
+                    "Too many requests in flight: 1 at the concurrency limit of 1 (max_in_flight=1), 0 waiting "
+                    "(admission.max_queue); retry later"
+                )
+                backend.release.set()
+                assert await first == (grpc.StatusCode.OK, "")
+                assert await _call(channel) == (grpc.StatusCode.OK, "")
+                if front == "gate":
+                    assert rt.grpc_front.relayed == 0  # every relay slot given back
+            text = _metrics(app)
+            assert metric_sum(text, "embedgate_admission_shed_total", {"reason": "queue_full"}) == 1
+            assert metric_sum(text, "embedgate_requests_rejected_total") == 1
+
+    asyncio.run(scenario())
+
+
+def test_the_gate_refuses_calls_past_the_limit_plus_queue_that_admission_has_not_seen(
+    backend: FakeBackend,
+) -> None:
+    """A call whose message has not arrived is relayed but not yet admitted (the Python front reads the message
+    first): with the limit plus the queue (1 + 0) taken by it, the next call is refused by the gate itself
+    (``grpc_gate``) although admission has a free slot; once that call ends, calls pass again."""
+
+    async def scenario() -> None:
+        app = _app(backend, "gate", queue_timeout_s=0)
+        async with app.router.lifespan_context(app):
+            rt = app.state.runtime
+            front = rt.grpc_front
+            release = asyncio.Event()
+
+            async def slow_message() -> AsyncIterator[tfs_pb2.GetModelMetadataRequest]:
+                await release.wait()  # the call is open, its message not sent
+                yield _REQ
+
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{rt.grpc_port}") as channel:
+                held = channel.stream_unary(
+                    _METADATA, request_serializer=tfs_pb2.GetModelMetadataRequest.SerializeToString
+                )(slow_message(), timeout=_WAIT_S)
+                await _until(lambda: front.relayed == 1)
+                assert rt.limiter.current == 0  # admission has not seen it
+                code, text = await _call(channel)
+                assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, text)
+                assert text.startswith("Too many calls in flight at the gRPC front: 1 at its limit of 1"), (
+                    text
+                )
+                assert "retry later" in text
+                backend.hold_metadata = False
+                release.set()
+                await held
+                await _until(lambda: front.relayed == 0)
+                assert await _call(channel) == (grpc.StatusCode.OK, "")
+            text = _metrics(app)
+            assert metric_sum(text, "embedgate_admission_shed_total", {"reason": "grpc_gate"}) == 1
+            assert metric_sum(text, "embedgate_admission_shed_total", {"reason": "queue_full"}) == 0
+            other = {"api": "other", "model": "_other", "outcome": "RESOURCE_EXHAUSTED"}
+            assert metric_sum(text, "embedgate_requests_total", other) == 1
+
+    asyncio.run(scenario())
+
+
+def test_the_gate_relays_streams_large_messages_and_unguarded_services(backend: FakeBackend) -> None:
+    """Health.Watch (a server stream, never refused), a 24 MB Predict relayed to the backend and answered, and a
+    call the client cancels (the backend's call is cancelled too)."""
+    backend.hold_metadata = True
+
+    async def scenario() -> None:
+        app = _app(backend, "gate", queue_timeout_s=0.5)
+        async with app.router.lifespan_context(app):
+            rt = app.state.runtime
+            async with grpc.aio.insecure_channel(
+                f"127.0.0.1:{rt.grpc_port}", options=[("grpc.max_send_message_length", 64 << 20)]
+            ) as channel:
+                watch = health_pb2_grpc.HealthStub(channel).Watch(
+                    health_pb2.HealthCheckRequest(service=""), timeout=_WAIT_S
+                )
+                first = await watch.read()
+                assert first.status == health_pb2.HealthCheckResponse.SERVING
+                watch.cancel()
+
+                big = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name="m"))
+                x = big.inputs["x"]
+                x.dtype = tfs_pb2.DataType.DT_FLOAT
+                x.tensor_shape.dim.add().size = 1024
+                x.tensor_shape.dim.add().size = 6 * 1024
+                x.tensor_content = bytes(4 * 1024 * 6 * 1024)
+                call = channel.unary_unary(
+                    _PREDICT,
+                    request_serializer=tfs_pb2.PredictRequest.SerializeToString,
+                    response_deserializer=tfs_pb2.PredictResponse.FromString,
+                )
+                resp = await call(big, timeout=_WAIT_S)
+                assert list(resp.outputs["y"].float_val) == [1.0]
+                assert backend.calls["Predict"] == 1
+
+                cancelled = asyncio.ensure_future(_call(channel))
+                await asyncio.to_thread(backend.metadata_started.wait, _WAIT_S)
+                cancelled.cancel()
+                assert await asyncio.to_thread(backend.metadata_cancelled.wait, _WAIT_S)
+                backend.release.set()
+                await _until(lambda: rt.grpc_front.relayed == 0 and rt.limiter.current == 0)
+
+    asyncio.run(scenario())
+
+
+def test_the_gate_goes_away_gracefully_on_shutdown(backend: FakeBackend) -> None:
+    """A call in flight when the gateway stops still gets its answer; the port is closed afterwards."""
+    result: dict[str, Any] = {}
+
+    def client(target: str) -> None:
+        with grpc.insecure_channel(target) as channel:
+            call = channel.unary_unary(
+                _METADATA, request_serializer=tfs_pb2.GetModelMetadataRequest.SerializeToString
+            )
+            try:
+                call(_REQ, timeout=_WAIT_S)
+                result["code"] = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                result["code"] = exc.code()
+
+    async def scenario() -> str:
+        app = _app(backend, "gate", queue_timeout_s=0)
+        async with app.router.lifespan_context(app):
+            target = f"127.0.0.1:{app.state.runtime.grpc_port}"
+            caller = threading.Thread(target=client, args=(target,))
+            caller.start()
+            await asyncio.to_thread(backend.metadata_started.wait, _WAIT_S)
+            threading.Timer(0.2, backend.release.set).start()  # released while the gateway is stopping
+        await asyncio.to_thread(caller.join, _WAIT_S)
+        return target
+
+    target = asyncio.run(scenario())
+    assert result.get("code") == grpc.StatusCode.OK, result
+    with grpc.insecure_channel(target) as channel, pytest.raises(grpc.FutureTimeoutError):
+        grpc.channel_ready_future(channel).result(timeout=1)
