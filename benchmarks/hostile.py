@@ -1070,7 +1070,7 @@ def _ghz(
     return codes, lat
 
 
-_SHED_REASONS: Final = ("queue_full", "queue_timeout", "loop_lag")
+_SHED_REASONS: Final = ("queue_full", "queue_timeout", "loop_lag", "grpc_gate")
 _CAPACITY_CLIENTS: Final = (
     16,
     64,

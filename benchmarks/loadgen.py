@@ -65,8 +65,11 @@ def protoset(dest: Path) -> Path:
     return dest
 
 
-def ghz(target: str, request: bytes, proto_set: Path, *, clients: int, seconds: float) -> Result:
-    """``clients`` concurrent gRPC Predict calls of the serialized ``request`` for ``seconds`` (one connection each)."""
+def ghz(
+    target: str, request: bytes, proto_set: Path, *, clients: int, seconds: float, rate: float = 0
+) -> Result:
+    """``clients`` concurrent gRPC Predict calls of the serialized ``request`` for ``seconds`` (one connection each);
+    with ``rate`` > 0 at most that many calls per second (ghz ``--rps``, open loop while ``clients`` suffice)."""
     with tempfile.NamedTemporaryFile(suffix=".bin") as data:
         data.write(request)
         data.flush()
@@ -93,11 +96,16 @@ def ghz(target: str, request: bytes, proto_set: Path, *, clients: int, seconds: 
             "json",
             target,
         ]
+        if rate > 0:
+            cmd[-1:-1] = ["--rps", f"{rate:.0f}"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=False)
     if proc.returncode != 0 and not proc.stdout.strip():
         raise RuntimeError(f"ghz failed: {proc.stderr.strip()[-2000:]}")
     doc = json.loads(proc.stdout)
     dist = {int(d["percentage"]): d["latency"] / 1e6 for d in doc.get("latencyDistribution") or []}
+    if not dist and doc.get("details"):  # no distribution when no call was OK: from every call's latency
+        lat = sorted(d["latency"] / 1e6 for d in doc["details"])
+        dist = {q: lat[min(len(lat) - 1, int(q / 100 * len(lat)))] for q in (50, 99)}
     codes = doc.get("statusCodeDistribution") or {}
     return Result(
         p50_ms=round(dist.get(50, float("nan")), 3),

@@ -44,6 +44,7 @@ const LOOP_LAG: u8 = 2;
 
 const WINDOW: u32 = 1 << 20; // per stream, both connections
 const CONN_WINDOW: u32 = 1 << 24;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Shared {
     reason: AtomicU8,
@@ -287,16 +288,16 @@ async fn call(req: Request<RecvStream>, mut respond: SendResponse<Bytes>, shared
 
 async fn connection(sock: TcpStream, shared: Arc<Shared>, up: Arc<Upstream>, mut stop: watch::Receiver<bool>) {
     let _ = sock.set_nodelay(true);
-    let mut conn = match h2::server::Builder::new()
+    let handshake = h2::server::Builder::new()
         .initial_window_size(WINDOW)
         .initial_connection_window_size(CONN_WINDOW)
         .max_concurrent_streams(4096)
         .max_concurrent_reset_streams(4096)
-        .handshake::<_, Bytes>(sock)
-        .await
-    {
-        Ok(c) => c,
-        Err(_) => return,
+        .handshake::<_, Bytes>(sock);
+    // A client that connects and never finishes the HTTP/2 preface holds a task and a socket: not for long.
+    let mut conn = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok(c)) => c,
+        _ => return,
     };
     let mut stopping = *stop.borrow();
     if stopping {
