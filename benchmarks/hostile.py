@@ -732,21 +732,22 @@ async def health_flood(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
     from grpc_health.v1 import health_pb2
 
     n_rest, n_grpc = (600, 300) if st.quick else (4000, 2000)
+    t0 = time.perf_counter()  # the window runs from before the first count is read to after the last one is
     probes0 = st.metric("embedgate_backend_call_duration_seconds_count", {"method": "GetModelStatus"})
     check = health_pb2.HealthCheckRequest(service="").SerializeToString()
-    t0 = time.perf_counter()
     predict = _predict_bytes(st, 4)
     (rest_codes, _), (grpc_codes, _, _), (pred_codes, _, pred_ms) = await asyncio.gather(
         _rest(st, [("GET", "/readyz", None, {})] * n_rest, 64),
         _grpc(st, [(_HEALTH, check)] * n_grpc, 64, None),
         _grpc(st, [(_SVC + "Predict", predict)] * 20, 1, st.auth),
     )
-    seconds = time.perf_counter() - t0
     probes = (
         st.metric("embedgate_backend_call_duration_seconds_count", {"method": "GetModelStatus"}) - probes0
     )
+    seconds = time.perf_counter() - t0
     backends = 1 + 2 * st.manifest.num_shards  # entry + each shard's two replicas
-    # polls that can fall in a window of `seconds`: one per interval, plus one at a boundary (fencepost)
+    # polls that can fall in a window of `seconds` (from before the first count is read to after the last): one per
+    # interval, plus one at a boundary (fencepost)
     per_poll = probes / backends / (seconds / POLL_INTERVAL_S + 1.0)
     # Health.Check without a token: does it tell a configured model from an unknown one?
     named, _, _ = await _grpc(
@@ -762,10 +763,10 @@ async def health_flood(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
     flips_rest = sum(1 for c in rest_codes if c != 200)
     flips_grpc = sum(1 for c in grpc_codes if c != "OK")
     common = [
-        f"{probes:.0f} backend probes in {seconds:.1f} s ({per_poll:.1f} per backend per {POLL_INTERVAL_S:g} s)"
+        f"{probes:.0f} backend probes in {seconds:.2f} s ({per_poll:.2f} per backend per {POLL_INTERVAL_S:g} s poll)"
     ]
     if per_poll > PROBES_PER_POLL:
-        common.append(f"{per_poll:.1f} probes per backend per poll")
+        common.append(f"{per_poll:.2f} probes per backend per poll")
     rest = ClassResult(
         "health_flood",
         "REST",

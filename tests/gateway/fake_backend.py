@@ -20,7 +20,9 @@ import grpc
 from schemas.proto import tfs_pb2
 from tests.support.ports import free_port
 
-__all__ = ["FakeBackend", "fake_backend"]
+__all__ = ["METADATA", "FakeBackend", "call_metadata", "fake_backend"]
+
+METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
 
 _HOLD_LIMIT_S = 30.0
 
@@ -119,3 +121,20 @@ def fake_backend() -> Iterator[FakeBackend]:
     finally:
         fb.release.set()
         server.stop(grace=None)
+
+
+def call_metadata(target: str, model: str = "m", timeout: float = _HOLD_LIMIT_S * 2) -> grpc.StatusCode:
+    """One blocking GetModelMetadata call of ``model`` to ``target`` (a gateway's gRPC port); its status code."""
+    req = tfs_pb2.GetModelMetadataRequest(
+        model_spec=tfs_pb2.ModelSpec(name=model), metadata_field=["signature_def"]
+    )
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(
+            METADATA, request_serializer=tfs_pb2.GetModelMetadataRequest.SerializeToString
+        )
+        try:
+            call(req, timeout=timeout)
+        except grpc.RpcError as exc:
+            code: grpc.StatusCode = exc.code()
+            return code
+    return grpc.StatusCode.OK

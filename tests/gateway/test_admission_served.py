@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from schemas.proto import tfs_pb2
-from tests.gateway.fake_backend import FakeBackend, fake_backend
+from tests.gateway.fake_backend import FakeBackend, call_metadata, fake_backend
 from tests.support.gateway import GatewayProc, run_gateway
 from tests.support.ports import free_port
 
@@ -186,15 +186,7 @@ def test_grpc_overload_is_refused_while_the_gateway_loop_is_blocked() -> None:
     )
 
     def second_call(target: str) -> None:
-        with grpc.insecure_channel(target) as channel:
-            call = channel.unary_unary(
-                _METADATA, request_serializer=tfs_pb2.GetModelMetadataRequest.SerializeToString
-            )
-            try:
-                call(req, timeout=_WAIT_S)
-                result["code"] = grpc.StatusCode.OK
-            except grpc.RpcError as exc:
-                result["code"] = exc.code()
+        result["code"] = call_metadata(target)
 
     async def scenario(backend: FakeBackend) -> None:
         settings = GatewaySettings(

@@ -18,7 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from schemas.proto import tfs_pb2
-from tests.gateway.fake_backend import FakeBackend, fake_backend
+from tests.gateway.fake_backend import FakeBackend, call_metadata, fake_backend
 from tests.support.ports import free_port
 from tests.support.stack import metric_sum
 
@@ -206,15 +206,7 @@ def test_the_gate_goes_away_gracefully_on_shutdown(backend: FakeBackend) -> None
     result: dict[str, Any] = {}
 
     def client(target: str) -> None:
-        with grpc.insecure_channel(target) as channel:
-            call = channel.unary_unary(
-                _METADATA, request_serializer=tfs_pb2.GetModelMetadataRequest.SerializeToString
-            )
-            try:
-                call(_REQ, timeout=_WAIT_S)
-                result["code"] = grpc.StatusCode.OK
-            except grpc.RpcError as exc:
-                result["code"] = exc.code()
+        result["code"] = call_metadata(target)
 
     async def scenario() -> str:
         app = _app(backend, "gate", queue_timeout_s=0)
