@@ -54,6 +54,7 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _STATUS: Final = {s.value[0]: s for s in grpc.StatusCode}
 _T = TypeVar("_T")
 _GATE_REASONS: Final = ("queue_full", "loop_lag", "grpc_gate")  # GrpcGate.take_refused's order
+_GATED_OPTIONS: Final = (("grpc.http2.max_frame_size", 1 << 20), ("grpc.http2.lookahead_bytes", 4 << 20))
 _GATE_SYNC_S: Final = 1.0  # how often the gate's refusals are added to the metrics (also at every scrape)
 
 
@@ -129,8 +130,8 @@ class GrpcFront:
         self._gate_sync: asyncio.Task[None] | None = None
         self.front = "python"  # what listens on the port: "gate" or "python"
 
-    def _build(self, core_loop: asyncio.AbstractEventLoop) -> None:
-        """The server and its services (on the gRPC loop)."""
+    def _build(self, core_loop: asyncio.AbstractEventLoop, gated: bool) -> None:
+        """The server and its services (on the gRPC loop); ``gated``: behind the native gate, on its Unix socket."""
         s = self._rt.settings
         # Requests are client bodies (max_body_bytes, as over REST); answers relay backend answers (the size the
         # backend channels accept).
@@ -145,6 +146,9 @@ class GrpcFront:
                 ("grpc.max_send_message_length", s.grpc.max_receive_message_bytes),
                 ("grpc.server.max_pending_requests", pending),
                 ("grpc.server.max_pending_requests_hard_limit", pending),
+                # behind the gate: one connection carries every call, so large frames and windows (fewer frames and
+                # window updates per message on the socket between them)
+                *(_GATED_OPTIONS if gated else ()),
             ]
         )
         self._server.add_generic_rpc_handlers(generic_handlers(self._rt, core_loop))
@@ -154,7 +158,7 @@ class GrpcFront:
     async def _start_here(
         self, core_loop: asyncio.AbstractEventLoop, models: dict[str, str], ready: bool, address: str
     ) -> int:
-        self._build(core_loop)
+        self._build(core_loop, gated=address.startswith("unix:"))
         assert self._server is not None and self._health is not None
         port: int = self._server.add_insecure_port(address)
         if port == 0:

@@ -44,6 +44,7 @@ const LOOP_LAG: u8 = 2;
 
 const WINDOW: u32 = 1 << 20; // per stream, both connections
 const CONN_WINDOW: u32 = 1 << 24;
+const MAX_FRAME: u32 = 1 << 20; // what the gate accepts in one DATA frame (clients may send smaller)
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Shared {
@@ -132,6 +133,7 @@ impl Upstream {
         }
         let io = UnixStream::connect(&self.path).await.map_err(|_| h2::Error::from(Reason::REFUSED_STREAM))?;
         let (send, conn) = h2::client::Builder::new()
+            .max_frame_size(MAX_FRAME)
             .initial_window_size(WINDOW)
             .initial_connection_window_size(CONN_WINDOW)
             .max_concurrent_reset_streams(4096)
@@ -289,6 +291,7 @@ async fn call(req: Request<RecvStream>, mut respond: SendResponse<Bytes>, shared
 async fn connection(sock: TcpStream, shared: Arc<Shared>, up: Arc<Upstream>, mut stop: watch::Receiver<bool>) {
     let _ = sock.set_nodelay(true);
     let handshake = h2::server::Builder::new()
+        .max_frame_size(MAX_FRAME)
         .initial_window_size(WINDOW)
         .initial_connection_window_size(CONN_WINDOW)
         .max_concurrent_streams(4096)
