@@ -29,6 +29,10 @@ It writes the entry's serialized ``PredictRequest`` in one pass (:func:`entry_re
 ``schemas.wire.predict_request_for`` of ``gateway.embedding.entry_inputs``, same bytes:
 ``tests/gateway/test_native_entry.py``) and tells the gRPC front which large PredictRequests are plain enough to
 parse in process without the parse worker's check (:func:`plain_predict_request`; ``tests/gateway/test_native_scan.py``).
+
+:func:`grpc_gate` starts the native gRPC gate on the gateway's gRPC port (``native/src/gate.rs``): it refuses overload
+without Python and relays every other call to the Python gRPC front, which stays the reference
+(``grpc_front: python``; ``tests/gateway/test_grpc_gate.py``).
 """
 
 from __future__ import annotations

@@ -495,6 +495,58 @@ impl GrpcGate {
 mod tests {
     use super::*;
 
+    fn shared(capacity: i64) -> Shared {
+        Shared {
+            reason: AtomicU8::new(OPEN),
+            in_flight: AtomicI64::new(0),
+            limit: AtomicI64::new(2),
+            waiting: AtomicI64::new(0),
+            lag_ms: AtomicI64::new(0),
+            capacity: AtomicI64::new(capacity),
+            relayed: AtomicI64::new(0),
+            refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+            max_in_flight: 8,
+            max_lag_text: "0.25".into(),
+            status: 8,
+            closing: AtomicBool::new(false),
+        }
+    }
+
+    #[test]
+    fn relays_up_to_the_capacity_then_refuses_and_gives_slots_back() {
+        let s = Arc::new(shared(2));
+        let a = s.admit();
+        let b = s.admit();
+        assert!(a.is_none() && b.is_none());
+        let (reason, text) = s.admit().expect("third call refused");
+        assert_eq!(reason, 2);
+        assert!(text.starts_with("Too many calls in flight at the gRPC front: 2 at its limit of 2"), "{text}");
+        assert_eq!(s.relayed.load(Ordering::Acquire), 2); // the refused call took no slot
+        drop(Slot(s.clone()));
+        assert!(s.admit().is_none());
+    }
+
+    #[test]
+    fn admission_state_words_the_refusal_as_the_gateway_does() {
+        let s = shared(100);
+        s.in_flight.store(2, Ordering::Relaxed);
+        s.waiting.store(3, Ordering::Relaxed);
+        s.reason.store(QUEUE_FULL, Ordering::Release);
+        let (reason, text) = s.admit().expect("refused");
+        assert_eq!(reason, 0);
+        assert_eq!(
+            text,
+            "Too many requests in flight: 2 at the concurrency limit of 2 (max_in_flight=8), 3 waiting \
+             (admission.max_queue); retry later"
+        );
+        s.lag_ms.store(380, Ordering::Relaxed);
+        s.reason.store(LOOP_LAG, Ordering::Release);
+        let (reason, text) = s.admit().expect("refused");
+        assert_eq!(reason, 1);
+        assert_eq!(text, "Overloaded: the gateway is running 380 ms behind (admission.max_loop_lag_s=0.25); retry later");
+        assert_eq!(s.relayed.load(Ordering::Acquire), 0);
+    }
+
     #[test]
     fn grpc_message_percent_encodes() {
         assert_eq!(grpc_message("a b%c").to_str().unwrap(), "a b%25c");
