@@ -224,8 +224,11 @@ class Admission:
     def observe(self, observer: Observer | None) -> None:
         """Tell ``observer`` this object's state now and after every change (or stop, with None): (why a request
         arriving now would be refused: 0 admitted, 1 ``queue_full``, 2 ``loop_lag``; in flight; the limit; waiting;
-        the loop's lag in ms; how many requests may be in flight or waiting at once, the limit plus
-        :attr:`queue_room`). The native gRPC gate (``gateway.grpc_front.server``) refuses from it without Python."""
+        the loop's lag in ms; a bound on the requests in flight or waiting: the limit plus ``max_queue``, not the
+        :attr:`queue_room` of the moment, which admission itself applies through the reason). The native gRPC gate
+        (``gateway.grpc_front.server``) refuses from it without Python; the bound only keeps calls it relayed from
+        piling up unseen in the Python front's queue (a tighter one refused calls admission had room for, counting
+        those still in transit to it)."""
         self._observer = observer
         self._publish()
 
@@ -240,7 +243,7 @@ class Admission:
                 p.limit,
                 len(self._waiters),
                 round(self.loop_lag * 1000),
-                p.limit + (self.queue_room if self._queue_timeout > 0 else 0),
+                p.limit + (self._max_queue if self._queue_timeout > 0 else 0),
             )
 
     @property
