@@ -58,6 +58,7 @@ _LAG_STREAK: Final = 3  # late lag measurements in a row that make the loop coun
 _MIN_GRADIENT: Final = 0.5
 _MAX_GRADIENT: Final = 2.0
 _DRAIN_SAMPLES: Final = 32  # releases whose rate bounds the admission queue (Admission.queue_room)
+_TRANSIT_MIN: Final = 8  # Admission.observe's bound: calls relayed and not yet seen by admission, at least
 _REASON_CODES: Final = {None: 0, "queue_full": 1, "loop_lag": 2}  # Admission.observe
 
 Observer = Callable[[int, int, int, int, int, int], None]
@@ -224,11 +225,13 @@ class Admission:
     def observe(self, observer: Observer | None) -> None:
         """Tell ``observer`` this object's state now and after every change (or stop, with None): (why a request
         arriving now would be refused: 0 admitted, 1 ``queue_full``, 2 ``loop_lag``; in flight; the limit; waiting;
-        the loop's lag in ms; a bound on the requests in flight or waiting: the limit plus ``max_queue``, not the
-        :attr:`queue_room` of the moment, which admission itself applies through the reason). The native gRPC gate
-        (``gateway.grpc_front.server``) refuses from it without Python; the bound only keeps calls it relayed from
-        piling up unseen in the Python front's queue (a tighter one refused calls admission had room for, counting
-        those still in transit to it)."""
+        the loop's lag in ms; a bound on the requests in flight, waiting or on their way: the limit plus
+        :attr:`queue_room` plus a quarter of the limit, at least :data:`_TRANSIT_MIN`). The native gRPC gate
+        (``gateway.grpc_front.server``) refuses from it without Python. The bound keeps calls the gate relayed from
+        piling up unseen in the Python front's queue, where admission would refuse them only after they waited
+        (without it a refusal took 14 ms at 1.5x capacity, not 0.5); the margin is for the calls it has relayed
+        that admission has not seen yet (without it a closed loop of 16 clients was refused while the limit was
+        measured)."""
         self._observer = observer
         self._publish()
 
@@ -243,7 +246,9 @@ class Admission:
                 p.limit,
                 len(self._waiters),
                 round(self.loop_lag * 1000),
-                p.limit + (self._max_queue if self._queue_timeout > 0 else 0),
+                p.limit
+                + (self.queue_room if self._queue_timeout > 0 else 0)
+                + max(_TRANSIT_MIN, p.limit // 4),
             )
 
     @property

@@ -14,7 +14,7 @@ open). Shutdown sets every status to NOT_SERVING first.
 The port itself (``grpc_front: gate``, the default) is the native gRPC gate's (``native/src/gate.rs`` through
 :func:`gateway.native.grpc_gate`): a thread that never takes the GIL, refusing calls to TF Serving's services while the
 gateway's admission would refuse them (the state :meth:`Admission.observe` publishes) or while the calls it relayed
-and not yet answered fill the admission limit plus ``admission.max_queue``, and relaying every other call, frame by
+and not yet answered fill the admission limit, its queue room and a margin, and relaying every other call, frame by
 frame, to this ``grpc.aio`` server on a Unix socket in a private directory. With ``grpc_front: python`` or the native path off
 (``EMBEDGATE_NATIVE=off``, or the module missing) this server listens on the port itself. The gate's refusals are
 counted as the front's own (``embedgate_admission_shed_total{reason}``: ``queue_full``, ``loop_lag``, and

@@ -101,7 +101,7 @@ impl Shared {
             2,
             format!(
                 "Too many calls in flight at the gRPC front: {before} at its limit of {cap} (the concurrency limit \
-                 plus admission.max_queue, max_in_flight={}); retry later",
+                 plus the admission queue and a margin, max_in_flight={}); retry later",
                 self.max_in_flight
             ),
         ))
@@ -447,7 +447,7 @@ impl GrpcGate {
     }
 
     /// The gateway's admission now: `reason` 0 (admits), 1 (queue full) or 2 (loop lagging), its numbers for the
-    /// refusal's text, and `capacity`, the relayed calls allowed at once (its limit plus `admission.max_queue`).
+    /// refusal's text, and `capacity`, the relayed calls allowed at once (its limit, queue room and a margin).
     #[pyo3(signature = (reason, in_flight, limit, waiting, lag_ms, capacity))]
     fn set_state(&self, reason: u8, in_flight: i64, limit: i64, waiting: i64, lag_ms: i64, capacity: i64) {
         let s = &self.shared;

@@ -465,26 +465,33 @@ async def test_an_observer_sees_every_change_of_what_a_request_would_get() -> No
     seen: list[tuple[int, int, int, int, int, int]] = []
     adm = Admission(2, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=30, max_queue=5))
     adm.observe(lambda *state: seen.append(state))
-    assert seen[-1] == (0, 0, 2, 0, 0, 7)  # told at once: nothing in flight, limit 2, bound 2 + max_queue 5
+    assert seen[-1] == (
+        0,
+        0,
+        2,
+        0,
+        0,
+        12,
+    )  # told at once: nothing in flight, limit 2, bound 2 + room 2 + margin 8
     first = await adm.admit()
-    assert seen[-1] == (0, 1, 2, 0, 0, 7)
+    assert seen[-1] == (0, 1, 2, 0, 0, 12)
     adm.acquire()
     waiters = [asyncio.create_task(adm.admit()) for _ in range(2)]
     await asyncio.sleep(0)
-    assert seen[-1] == (1, 2, 2, 2, 0, 7)  # full and the queue full: a request now is refused
+    assert seen[-1] == (1, 2, 2, 2, 0, 12)  # full and the queue full: a request now is refused
     adm.release(first)
     await waiters[0]
-    assert seen[-1] == (0, 2, 2, 1, 0, 7)  # a waiter took the slot: room in the queue again
+    assert seen[-1] == (0, 2, 2, 1, 0, 12)  # a waiter took the slot: room in the queue again
     waiters[1].cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiters[1]
-    assert seen[-1] == (0, 2, 2, 0, 0, 7)
+    assert seen[-1] == (0, 2, 2, 0, 0, 12)
     adm.observe(None)
     n = len(seen)
     adm.release(None)
     assert len(seen) == n  # no longer told
     no_queue = Admission(1, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=0))
     no_queue.observe(lambda *state: seen.append(state))
-    assert seen[-1] == (0, 0, 1, 0, 0, 1)  # without a queue the bound is the limit alone
+    assert seen[-1] == (0, 0, 1, 0, 0, 9)  # without a queue: the limit and the margin
     no_queue.acquire()
-    assert seen[-1] == (1, 1, 1, 0, 0, 1)
+    assert seen[-1] == (1, 1, 1, 0, 0, 9)
