@@ -746,9 +746,10 @@ async def health_flood(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
     )
     seconds = time.perf_counter() - t0
     backends = 1 + 2 * st.manifest.num_shards  # entry + each shard's two replicas
-    # polls that can fall in a window of `seconds` (from before the first count is read to after the last): one per
-    # interval, plus one at a boundary (fencepost)
-    per_poll = probes / backends / (seconds / POLL_INTERVAL_S + 1.0)
+    # polls whose probes can be counted in a window of `seconds` (from before the first count is read to after the
+    # last): one per interval, plus a poll cut by each edge (its probes end a few ms apart, so the counts read at
+    # the window's two edges can each fall inside one)
+    per_poll = probes / backends / (seconds / POLL_INTERVAL_S + 2.0)
     # Health.Check without a token: does it tell a configured model from an unknown one?
     named, _, _ = await _grpc(
         st,
