@@ -43,6 +43,13 @@ class GrpcSettings(_Strict):
     max_receive_message_bytes: int = Field(
         512 * 1024 * 1024, gt=0, le=2**31 - 1, description="largest backend response accepted"
     )
+    max_reconnect_backoff_s: float = Field(
+        2.0,
+        gt=0,
+        le=120,
+        description="longest wait before a backend channel reconnects to a backend that went away (gRPC's own "
+        "default grows to 120 s, so a PS replica restarted after a long outage was not seen for up to 2 minutes)",
+    )
     max_send_message_bytes: int = Field(
         512 * 1024 * 1024, gt=0, le=2**31 - 1, description="largest request sent"
     )

@@ -25,6 +25,7 @@ def channel_config(cfg: GrpcSettings) -> tfs.ChannelConfig:
         max_receive_message_bytes=cfg.max_receive_message_bytes,
         keepalive_time_s=cfg.keepalive_time_s,
         keepalive_timeout_s=cfg.keepalive_timeout_s,
+        max_reconnect_backoff_ms=round(cfg.max_reconnect_backoff_s * 1000),
         enable_retries=True,
     )
 

@@ -140,3 +140,15 @@ async def test_a_serialized_request_fails_over_as_the_same_bytes() -> None:
     resp = await rs.predict(wire, time.monotonic() + 5)
     assert resp.model_spec.name == "b"
     assert sent == [("a", wire), ("b", wire)]
+
+
+def test_backend_channels_reconnect_within_the_configured_backoff() -> None:
+    """``grpc.max_reconnect_backoff_s`` caps gRPC's reconnect backoff (its own default grows to 120 s, so a replica
+    restarted after a long outage went unseen for up to 2 minutes)."""
+    from gateway.backends.channels import channel_config
+    from schemas.gateway_settings import GrpcSettings
+    from tfs_grpc.channels import channel_options
+
+    assert dict(channel_options(channel_config(GrpcSettings())))["grpc.max_reconnect_backoff_ms"] == 2000
+    opts = dict(channel_options(channel_config(GrpcSettings(max_reconnect_backoff_s=0.5))))
+    assert opts["grpc.max_reconnect_backoff_ms"] == 500
