@@ -50,8 +50,9 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
     ),
     # hostile clients, one class at a time, against a whole stack; its table goes to docs/security.md
     "hostile": (["--write", "docs/security.md"], 900.0),
-    # issue 21: a REST refusal's CPU, h11 + ShedMiddleware vs the gateway's HTTP protocol (prints its table)
-    "refusal_bench": (["--rounds", "3"], 300.0),
+    # issue 21: a refusal's CPU per front: REST h11 + ShedMiddleware vs the gateway's HTTP protocol, gRPC the Python
+    # front vs the native gate (prints its table; about 4 minutes)
+    "refusal_bench": (["--rounds", "3"], 600.0),
     # issue 18: training step with and without StreamRows (prints its figures; docs/benchmarks.md "StreamRows overhead")
     "stream_rows_bench": (
         ["--rounds", "3", "--steps", "40"],
