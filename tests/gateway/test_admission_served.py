@@ -21,6 +21,7 @@ from schemas.proto import tfs_pb2
 from tests.gateway.fake_backend import FakeBackend, call_metadata, fake_backend
 from tests.support.gateway import GatewayProc, run_gateway
 from tests.support.ports import free_port
+from tests.support.stack import metric_sum
 
 pytestmark = pytest.mark.integration
 
@@ -31,15 +32,11 @@ _QUEUE = 2  # requests that may wait: admission.max_queue (5), but never more th
 _METADATA = "/tensorflow.serving.PredictionService/GetModelMetadata"
 
 
-def _metric(gw: GatewayProc, name: str, labels: str = "") -> float:
-    total = 0.0
-    for line in httpx.get(f"{gw.url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + (("{" + labels) if labels else "")) and not line.startswith("#"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+def _metric(gw: GatewayProc, name: str, labels: dict[str, str] | None = None) -> float:
+    return metric_sum(httpx.get(f"{gw.url}/metrics", timeout=10).text, name, labels)
 
 
-def _wait_metric(gw: GatewayProc, name: str, labels: str, value: float) -> None:
+def _wait_metric(gw: GatewayProc, name: str, labels: dict[str, str] | None, value: float) -> None:
     deadline = time.monotonic() + _WAIT_S
     while _metric(gw, name, labels) < value:
         if time.monotonic() > deadline:
@@ -105,7 +102,7 @@ async def _grpc_burst(target: str) -> list[grpc.StatusCode | tuple[grpc.StatusCo
 
 def _release_when_shed(backend: FakeBackend, gw: GatewayProc, shed: float) -> None:
     """Once ``shed`` requests in all were shed (the burst has arrived), let the held requests finish."""
-    _wait_metric(gw, "embedgate_admission_shed_total", "", shed)
+    _wait_metric(gw, "embedgate_admission_shed_total", None, shed)
     backend.release.set()
 
 
@@ -156,11 +153,11 @@ def test_a_burst_over_the_limit_is_shed_with_clear_answers_and_counted(tmp_path:
             assert all("retry later" in t and "max_in_flight" in t for t in grpc_texts), grpc_texts
             receiving = sum("being received at once" in t for t in grpc_texts)
             # counted by reason, both fronts together; the wait of every queued request observed
-            full = _metric(gw, "embedgate_admission_shed_total", 'reason="queue_full"')
-            timed = _metric(gw, "embedgate_admission_shed_total", 'reason="queue_timeout"')
-            assert _metric(gw, "embedgate_admission_shed_total", 'reason="receiving"') == receiving
+            full = _metric(gw, "embedgate_admission_shed_total", {"reason": "queue_full"})
+            timed = _metric(gw, "embedgate_admission_shed_total", {"reason": "queue_timeout"})
+            assert _metric(gw, "embedgate_admission_shed_total", {"reason": "receiving"}) == receiving
             # the native gRPC gate refuses a call past the limit plus the queue it relayed before admission saw it
-            gate = _metric(gw, "embedgate_admission_shed_total", 'reason="grpc_gate"')
+            gate = _metric(gw, "embedgate_admission_shed_total", {"reason": "grpc_gate"})
             assert full + timed + receiving + gate == 2 * shed_per_burst
             assert full >= _BURST - _LIMIT - _QUEUE and timed >= _QUEUE  # REST's alone, checked above
             assert _metric(gw, "embedgate_admission_queue_wait_seconds_count") == timed

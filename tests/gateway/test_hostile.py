@@ -32,6 +32,7 @@ from tests.gateway.fake_backend import FakeBackend, fake_backend
 from tests.support import gates
 from tests.support.gateway import GatewayProc, run_gateway
 from tests.support.ports import free_port
+from tests.support.stack import metric_sum
 
 pytestmark = pytest.mark.integration
 
@@ -80,12 +81,7 @@ def _status_line(sock: socket.socket) -> str:
 
 
 def _metric(gw: GatewayProc, name: str) -> float:
-    text = httpx.get(f"{gw.url}/metrics", timeout=10).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return metric_sum(httpx.get(f"{gw.url}/metrics", timeout=10).text, name)
 
 
 # ---- slow senders -------------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from tests.support.kafka import Broker
+from tests.support.stack import metric_sum
 from tests.updater.harness import demo_row, predict_one, running, updater_settings
 from updater.producer import DeltaPublisher
 
@@ -27,11 +27,7 @@ pytestmark = pytest.mark.integration
 
 
 async def _metric(client: httpx.AsyncClient, base: str, name: str) -> float:
-    text = (await client.get(f"{base}/metrics")).text
-    total = 0.0
-    for m in re.finditer(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE):
-        total += float(m.group(1))
-    return total
+    return metric_sum((await client.get(f"{base}/metrics")).text, name)
 
 
 async def _until(what: str, check: Any, timeout_s: float = 30.0) -> None:
