@@ -118,9 +118,8 @@ class Runtime:
     gateway: Gateway | None = None
     channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
     grpc_port: int = 0  # the bound gRPC port while the gRPC front runs, else 0
-    grpc_front: GrpcFront | None = (
-        None  # while it runs (``.front``: "gate", native, or "python" on grpc_port)
-    )
+    # the gRPC front while it runs (its ``.front``: "gate", native, or "python", is what listens on grpc_port)
+    grpc_front: GrpcFront | None = None
     executor: ThreadPoolExecutor | None = None  # parse threads for large bodies (open while the app runs)
     procs: ParsePool | None = None  # parse worker processes for large bodies (limits.parse_processes > 0)
     stream: DeltaStream | None = None  # the hot-row cache's delta stream (cache.max_bytes > 0)

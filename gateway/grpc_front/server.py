@@ -15,8 +15,8 @@ The port itself (``grpc_front: gate``, the default) is the native gRPC gate's (`
 :func:`gateway.native.grpc_gate`): a thread that never takes the GIL, refusing calls to TF Serving's services while the
 gateway's admission would refuse them (the state :meth:`Admission.observe` publishes) or while the calls it relayed
 and not yet answered fill the admission limit, its queue room and a margin, and relaying every other call, frame by
-frame, to this ``grpc.aio`` server on a Unix socket in a private directory. With ``grpc_front: python`` or the native path off
-(``EMBEDGATE_NATIVE=off``, or the module missing) this server listens on the port itself. The gate's refusals are
+frame, to this ``grpc.aio`` server on a Unix socket in a private directory. With ``grpc_front: python`` or the native
+path off (``EMBEDGATE_NATIVE=off``, or the module missing) this server listens on the port itself. The gate's refusals are
 counted as the front's own (``embedgate_admission_shed_total{reason}``: ``queue_full``, ``loop_lag``, and
 ``grpc_gate`` for its own bound), read from the gate at every ``/metrics`` scrape and every second.
 """
@@ -200,10 +200,8 @@ class GrpcFront:
         s = self._rt.settings
         gated = s.grpc_front == "gate" and native.path() == "native"
         address = self._address
-        if gated:
-            self._gate_dir = tempfile.mkdtemp(
-                prefix="embedgate-grpc-"
-            )  # 0700: only this user reaches the front
+        if gated:  # mkdtemp makes it 0700: only this user reaches the front behind the gate
+            self._gate_dir = tempfile.mkdtemp(prefix="embedgate-grpc-")
             address = f"unix:{self._gate_dir}/front.sock"
         try:
             state = self._rt.readiness
@@ -282,19 +280,17 @@ class GrpcFront:
         self._rt.readiness.unsubscribe(self._update_health)
         if self._health is not None and self._loop is not None:
             await self._on_grpc_loop(self._health.enter_graceful_shutdown())
-        gate, self._gate = self._gate, None
-        if gate is not None:
+        if self._gate is not None:
             self._rt.limiter.observe(None)
             if self._gate_sync is not None:
                 self._gate_sync.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._gate_sync
                 self._gate_sync = None
-            await asyncio.to_thread(gate.close, grace)
+            await asyncio.to_thread(self._gate.close, grace)
             with contextlib.suppress(ValueError):
                 self._rt.metrics.collect_hooks.remove(self._count_gate_refusals)
-            self._gate = gate  # its last refusals counted
-            self._count_gate_refusals()
+            self._count_gate_refusals()  # its last refusals
             self._gate = None
         await self._stop_python(grace)
         await self._close_loop()
