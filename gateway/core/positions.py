@@ -126,7 +126,7 @@ class ShardPositions:
     ``own[i]``: the highest positions replica ``i`` reported (since it last went back); ``marks``: the shard's (every
     replica's) highest;
     ``targets[i]``: what a catching-up replica must reach (None: it is not catching up); ``lag[i]``: why it is behind,
-    (table, key, position, target)."""
+    (table, key, position, target); ``last[i]``: its report in the latest poll."""
 
     def __init__(self, replicas: int) -> None:
         if replicas < 1:
@@ -136,12 +136,14 @@ class ShardPositions:
         self.targets: list[Marks | None] = [None] * replicas
         self.catching_up = [False] * replicas
         self.lag: list[tuple[str, str, int, int] | None] = [None] * replicas
+        self.last: list[Report | None] = [None] * replicas  # each replica's report in the latest poll
 
     def observe(self, reports: Sequence[Report]) -> list[bool]:
         """One poll: ``reports[i]`` from replica ``i``. Returns (and keeps) the catching-up flag of each replica."""
         if len(reports) != len(self.catching_up):
             raise ValueError(f"{len(reports)} reports for {len(self.catching_up)} replicas")
         before = dict(self.marks)  # the shard's marks as of the previous polls
+        self.last = list(reports)
         for i, report in enumerate(reports):
             if report is NoPositions.NO_ANSWER:
                 continue

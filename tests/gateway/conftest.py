@@ -57,8 +57,8 @@ def passthrough_models(target: str) -> list[dict[str, Any]]:
 
 
 @asynccontextmanager
-async def app_client(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """An AsyncClient on a fresh app built from ``settings`` (lifespan entered and left)."""
+async def app_and_client(**settings: Any) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+    """A fresh app built from ``settings`` (lifespan entered and left) and an AsyncClient on it."""
     from gateway.app import create_app
     from schemas.gateway_settings import GatewaySettings
 
@@ -66,7 +66,14 @@ async def app_client(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-            yield client
+            yield app, client
+
+
+@asynccontextmanager
+async def app_client(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """An AsyncClient on a fresh app built from ``settings`` (lifespan entered and left)."""
+    async with app_and_client(**settings) as (_, client):
+        yield client
 
 
 @pytest.fixture

@@ -90,11 +90,20 @@ def _lookup(target: str, shard: int, tables: list[str], ids: np.ndarray) -> np.n
     return np.asarray(to_ndarray(resp.outputs[lookup_values_output(TABLE)]))
 
 
-async def _eventually(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = _WAIT_S) -> None:
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _eventually(
+    check: Callable[[], Awaitable[bool]],
+    what: str,
+    explain: Callable[[], str] = str,
+    timeout_s: float = _WAIT_S,
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not await check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
+            raise AssertionError(f"not within {timeout_s} s: {what} ({explain()})")
         await asyncio.sleep(0.1)
 
 
@@ -104,7 +113,7 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
     from tensorflow_serving.apis import prediction_service_pb2_grpc
 
     from gateway.codec.tensor import to_ndarray
-    from tests.gateway.conftest import app_client
+    from tests.gateway.conftest import app_and_client
     from tests.gateway.test_grpc_front import _predict_request, _tensors
 
     manifest = demo_artifacts.manifest
@@ -150,12 +159,26 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
             await asyncio.to_thread(proc.wait, 30)
             servers[target] = await asyncio.to_thread(stack.enter_context, serve_local(models, port=port))
 
-        async with app_client(
+        async with app_and_client(
             models=[gateway_model],
             grpc_port=grpc_port,
             grpc={"position_poll_s": 0.2, "replica_retry_s": 0},
             health_poll_s=0.2,
-        ) as gw:
+        ) as (app, gw):
+            tracker = app.state.runtime.positions[MODEL]
+
+            async def polled_after_now() -> None:
+                """Until a poll that began after this call has ended: the gateway has seen what was written before.
+                (A replica that lost writes no poll saw is not flagged: it has no past of its own to be below.)"""
+                start = tracker.polls
+                await _eventually(lambda: _true(tracker.polls >= start + 2), "two more position polls")
+
+            def explain() -> str:
+                return "; ".join(
+                    f"shard {i}: catching up {st.catching_up}, last reports {st.last}, own past {st.own}, "
+                    f"targets {st.targets}"
+                    for i, st in enumerate(tracker.state)
+                )
 
             async def ready_again() -> bool:  # /readyz answers from the readiness poll after the restarts
                 return (await gw.get("/readyz")).status_code == 200
@@ -183,6 +206,7 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
             old, mark = await predict()
             assert mark is None
             await asyncio.to_thread(write_all, [a, b], 100)
+            await polled_after_now()
             new, mark = await predict()
             assert mark is None
             # the premise: every instance's answer depends on the written rows
@@ -198,7 +222,7 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
             await restart(b, ps, port_b)
             b_rows = await asyncio.to_thread(_lookup, b, 0, tables, users[user_shard == 0])
             assert not np.allclose(b_rows, new_rows[user_shard == 0])  # the premise: B lost the writes
-            await _eventually(lambda: gauges(1), "the gateway sees B catching up on every shard")
+            await _eventually(lambda: gauges(1), "the gateway sees B catching up on every shard", explain)
             for _ in range(8):  # round robin would send every other lookup of each shard to B
                 preds, mark = await predict()
                 assert (which(preds), mark) == ("new", None)
@@ -212,7 +236,9 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
 
             # ---- A restarts too: no caught-up replica; answers are served (export rows) and marked
             await restart(a, models_a, port_a)
-            await _eventually(lambda: gauges(2), "the gateway sees A and B catching up on every shard")
+            await _eventually(
+                lambda: gauges(2), "the gateway sees A and B catching up on every shard", explain
+            )
             for _ in range(3):
                 preds, mark = await predict()
                 assert (which(preds), mark) == ("old", "replica_catching_up")
@@ -234,7 +260,7 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
 
             # ---- the rows and positions are written again (as the updater's replay does): the marks disappear
             await asyncio.to_thread(write_all, [a, b], 100)
-            await _eventually(lambda: gauges(0), "the gateway sees A and B caught up")
+            await _eventually(lambda: gauges(0), "the gateway sees A and B caught up", explain)
             for _ in range(4):
                 preds, mark = await predict()
                 assert (which(preds), mark) == ("new", None)
