@@ -12,10 +12,11 @@ in milliseconds and an admitted one is served at the unloaded speed.
   limit is held at ``min_limit``; a measurement ends at the first answer after ``max_measure_s`` with the samples it
   has, or without any keeping the last ``min_rtt``; again every ``min_rtt_interval_s`` when the limit was reached
   meanwhile), then once per window of ``sample_window_s`` holding ``min_samples`` round trips sets
-  ``limit = limit x gradient + sqrt(limit)`` with ``gradient = min_rtt x (1 + rtt_tolerance) / median round trip``,
-  the gradient clamped to [0.5, 2] and the limit to [``floor_limit``, ``max_in_flight``] (the floor: under CPU
-  contention, e.g. while refusing a flood, every round trip grows and the gradient alone would hold the limit below
-  the concurrency the backends need to serve at capacity, refusing good work). A round trip runs from
+  ``limit = limit x gradient + sqrt(limit)`` with ``gradient = max(min_rtt x (1 + rtt_tolerance), rtt_budget_s) /
+  median round trip``, the gradient clamped to [0.5, 2] and the limit to [``floor_limit``, ``max_in_flight``] (the
+  budget and the floor: under CPU contention, e.g. while refusing a flood, every round trip grows and the gradient on
+  ``min_rtt`` alone would hold the limit below the concurrency the backends need to serve at capacity, refusing good
+  work; with the budget the limit grows until the median round trip reaches it). A round trip runs from
   admission to the answer; only requests answered OK are samples. With ``adaptive: false`` the limit is
   ``max_in_flight``.
 * :class:`Admission` (one event loop, not thread-safe): admits while fewer than ``limit`` are in flight; otherwise a
@@ -180,7 +181,7 @@ class GradientLimit:
     def next_limit(self, limit: float, rtt: float) -> float:
         """The limit after a window whose median round trip was ``rtt`` seconds (the gradient rule above)."""
         assert self._s is not None and self.min_rtt is not None
-        target = self.min_rtt * (1.0 + self._s.rtt_tolerance)
+        target = max(self.min_rtt * (1.0 + self._s.rtt_tolerance), self._s.rtt_budget_s)
         gradient = _MAX_GRADIENT if rtt <= 0 else min(_MAX_GRADIENT, max(_MIN_GRADIENT, target / rtt))
         new = limit * gradient + math.sqrt(limit)
         return min(float(self.max_limit), max(float(self.floor), new))

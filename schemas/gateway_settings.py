@@ -164,6 +164,13 @@ class AdmissionSettings(_Strict):
         le=10,
         description="round trips up to (1 + rtt_tolerance) x the minimum count as unloaded (the limit grows)",
     )
+    rtt_budget_s: float = Field(
+        0.1,
+        ge=0,
+        le=60,
+        description="round trips up to this long also count as unloaded: the limit shrinks only when a window's median "
+        "round trip is above both this and (1 + rtt_tolerance) x the minimum (0: the minimum alone decides)",
+    )
     min_rtt_interval_s: float = Field(
         30.0,
         gt=0,

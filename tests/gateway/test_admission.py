@@ -32,6 +32,7 @@ def _settings(**kw: object) -> AdmissionSettings:
         "sample_window_s": 1.0,
         "min_samples": 4,
         "rtt_tolerance": 0.5,
+        "rtt_budget_s": 0.0,  # the gradient on min_rtt alone (the budget has its own test)
         "min_rtt_interval_s": 100.0,
         "min_rtt_samples": 4,
     }
@@ -239,6 +240,24 @@ def test_a_measurement_without_samples_keeps_the_last_min_rtt_after_max_measure_
     clock.now += 0.6
     lim.release(admitted)  # 1.1 s in: it ends, min_rtt as before
     assert lim.phase is Phase.ADAPTING and lim.min_rtt == pytest.approx(0.01) and lim.limit > 2
+
+
+def test_round_trips_within_the_budget_let_the_limit_grow() -> None:
+    """Round trips 8x the minimum (a shared CPU) but under ``rtt_budget_s``: the limit grows window after window up
+    to ``max_in_flight``; once the median round trip passes the budget it shrinks, to budget / median of itself."""
+    clock = Clock()
+    lim = _measured(clock, rtt=0.01, rtt_budget_s=0.1, floor_limit=2)
+    lim._limit = 10.0
+    for _ in range(10):
+        for _ in range(4):
+            _round_trip(lim, clock, 0.08)  # 8x min_rtt, within the budget
+        clock.now += 1.0
+    assert lim.limit == 100
+    assert lim.next_limit(64.0, 0.08) == pytest.approx(64 * 0.1 / 0.08 + 8)
+    assert lim.next_limit(64.0, 0.16) == pytest.approx(64 * 0.1 / 0.16 + 8)  # past the budget: it shrinks
+    without = _measured(Clock(), rtt=0.01, rtt_budget_s=0.0, floor_limit=2)
+    assert without.next_limit(64.0, 0.08) == pytest.approx(64 * 0.5 + 8)  # on min_rtt alone it halves
+    assert AdmissionSettings().rtt_budget_s == 0.1  # the default
 
 
 def test_floor_is_between_min_limit_and_max_in_flight() -> None:
