@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import signal
 import threading
 from concurrent import futures
@@ -14,6 +15,7 @@ from pathlib import Path
 import grpc
 
 from embedgate.localserve.batching import BatchingParameters
+from embedgate.localserve.front import FRONT_ENV, native_front, native_gate_available, upstream_dir
 from embedgate.localserve.manager import Manager
 from embedgate.localserve.model_config import ModelEntry, load_config_file, single_model
 from embedgate.localserve.servable import Servable
@@ -84,12 +86,17 @@ def run(options: ServerOptions) -> int:
         ],
         maximum_concurrent_rpcs=None,
     )
-    add_services(server, manager, tensor_content=options.tensor_content, reload=manager.reconcile)
+    prediction = add_services(
+        server, manager, tensor_content=options.tensor_content, reload=manager.reconcile
+    )
     address = f"{options.host}:{options.port}"
+    tls = options.ssl_config is not None
+    gated = not tls and os.environ.get(FRONT_ENV, "gate") != "python" and native_gate_available()
+    directory, upstream = upstream_dir() if gated else ("", "")
     if options.ssl_config is not None:
         bound = server.add_secure_port(address, options.ssl_config.server_credentials())
     else:
-        bound = server.add_insecure_port(address)
+        bound = server.add_insecure_port(upstream if gated else address)
     if bound == 0:
         manager.close()
         raise OSError(f"cannot bind gRPC port {address}")
@@ -97,6 +104,17 @@ def run(options: ServerOptions) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
     server.start()
+    front = None
+    if gated:
+        try:
+            front = native_front(
+                options.host, options.port, directory, upstream, prediction.Predict, threads, tls=tls
+            )
+        except OSError as exc:
+            server.stop(0)
+            manager.close()
+            shutil.rmtree(directory, ignore_errors=True)
+            raise OSError(f"cannot bind gRPC port {address}: {exc}") from exc
     fs_poller.start()
     config_poller.start()
     trimmer.start()
@@ -108,12 +126,15 @@ def run(options: ServerOptions) -> int:
         else " with TLS" + (", client certificates required" if options.ssl_config.client_verify else ""),
         ", ".join(manager.model_names()),
     )
+    _log.info("gRPC front: %s", "native gate, Predict in whole messages" if front else "Python gRPC server")
     print(f"serve-local: listening on {address}", flush=True)
     try:
         while not stop.wait(0.5):
             pass
     finally:
         _log.info("Shutting down: draining requests (up to %.1f s)", options.grace_seconds)
+        if front is not None:
+            front.close(options.grace_seconds)
         server.stop(options.grace_seconds).wait(options.grace_seconds + 1)
         fs_poller.stop()
         config_poller.stop()

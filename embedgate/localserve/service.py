@@ -161,7 +161,9 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):  # type: ignore
 
 def add_services(
     server: grpc.Server, manager: Manager, *, tensor_content: bool, reload: Callable[[], None]
-) -> None:
+) -> PredictionService:
+    """Register the prediction and model services on ``server``; returns the prediction servicer (the native front
+    calls its ``Predict`` itself, ``embedgate.localserve.front``)."""
     prediction = PredictionService(manager, tensor_content=tensor_content)
     # Predict takes the received bytes (no request deserializer): registered before the generated handlers, which
     # serve the service's other methods (gRPC asks generic handlers in the order they were added)
@@ -179,6 +181,7 @@ def add_services(
     )
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(prediction, server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(manager, reload), server)
+    return prediction
 
 
 def _version_choice(spec: Any) -> tuple[int | None, str | None]:

@@ -35,6 +35,8 @@ use pyo3::prelude::*;
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixStream};
 use tokio::sync::watch;
 
+use crate::direct::{self, Direct, DirectCall};
+
 const GUARDED: [&str; 2] = ["/tensorflow.serving.PredictionService/", "/tensorflow.serving.ModelService/"];
 
 /// Why admission refuses now (published by the gateway).
@@ -42,8 +44,8 @@ const OPEN: u8 = 0;
 const QUEUE_FULL: u8 = 1;
 const LOOP_LAG: u8 = 2;
 
-const WINDOW: u32 = 1 << 20; // per stream, both connections
-const CONN_WINDOW: u32 = 1 << 24;
+const WINDOW: u32 = 1 << 20; // per stream, both connections (clients' streams: `stream_window`, at least this)
+const CONN_WINDOW: u32 = 1 << 24; // per connection (clients' connections: at least 16 x their stream window)
 const MAX_FRAME: u32 = 1 << 20; // what the gate accepts in one DATA frame (clients may send smaller)
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -60,6 +62,8 @@ struct Shared {
     max_lag_text: String, // admission.max_loop_lag_s as the gateway words it
     status: u16,          // gRPC code of a refusal: 8 RESOURCE_EXHAUSTED or 14 UNAVAILABLE
     closing: AtomicBool,
+    direct: Option<Direct>, // whole-message methods answered by Python worker threads (src/direct.rs)
+    window: u32,            // HTTP/2 flow-control window of a client's stream
 }
 
 impl Shared {
@@ -149,7 +153,7 @@ impl Upstream {
 }
 
 /// The percent-encoding of a `grpc-message` (gRPC's HTTP/2 protocol: bytes outside 0x20-0x7E and '%').
-fn grpc_message(text: &str) -> HeaderValue {
+pub(crate) fn grpc_message(text: &str) -> HeaderValue {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
         if (0x20..=0x7e).contains(&b) && b != b'%' {
@@ -176,7 +180,7 @@ fn refuse(respond: &mut SendResponse<Bytes>, status: u16, text: &str) {
 }
 
 /// Send `chunk` on `out` as flow control allows (so the gate holds at most a window of it).
-async fn send_all(out: &mut SendStream<Bytes>, mut chunk: Bytes) -> Result<(), h2::Error> {
+pub(crate) async fn send_all(out: &mut SendStream<Bytes>, mut chunk: Bytes) -> Result<(), h2::Error> {
     while !chunk.is_empty() {
         out.reserve_capacity(chunk.len());
         let granted = match poll_fn(|cx| out.poll_capacity(cx)).await {
@@ -278,6 +282,12 @@ async fn call(req: Request<RecvStream>, mut respond: SendResponse<Bytes>, shared
     } else {
         None
     };
+    if let Some(direct) = shared.direct.as_ref() {
+        if direct.takes(&req) {
+            direct::serve(req, respond, direct).await;
+            return;
+        }
+    }
     if relay(req, &mut respond, &up).await.is_err() {
         // Upstream gone before it answered: UNAVAILABLE (14), as a client of a restarting server sees it.
         if shared.closing.load(Ordering::Acquire) {
@@ -292,8 +302,8 @@ async fn connection(sock: TcpStream, shared: Arc<Shared>, up: Arc<Upstream>, mut
     let _ = sock.set_nodelay(true);
     let handshake = h2::server::Builder::new()
         .max_frame_size(MAX_FRAME)
-        .initial_window_size(WINDOW)
-        .initial_connection_window_size(CONN_WINDOW)
+        .initial_window_size(shared.window)
+        .initial_connection_window_size(CONN_WINDOW.max(shared.window.saturating_mul(16)))
         .max_concurrent_streams(4096)
         .max_concurrent_reset_streams(4096)
         .handshake::<_, Bytes>(sock);
@@ -352,7 +362,7 @@ async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, up: Arc<Upstrea
     }
 }
 
-fn bind(addrs: &[SocketAddr], backlog: u32) -> std::io::Result<Vec<TcpListener>> {
+fn bind(addrs: &[SocketAddr], backlog: u32, reuse_port: bool) -> std::io::Result<Vec<TcpListener>> {
     let mut out = Vec::new();
     let mut port = addrs.first().map(|a| a.port()).unwrap_or(0);
     for addr in addrs {
@@ -360,7 +370,7 @@ fn bind(addrs: &[SocketAddr], backlog: u32) -> std::io::Result<Vec<TcpListener>>
         addr.set_port(port);
         let sock = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
         sock.set_reuseaddr(true)?;
-        sock.set_reuseport(true)?; // several gateway workers share the port, as gRPC's own server does
+        sock.set_reuseport(reuse_port)?; // several gateway workers share the port, as gRPC's own server does
         sock.set_nodelay(true)?;
         sock.bind(addr)?;
         let listener = sock.listen(backlog)?;
@@ -383,9 +393,18 @@ pub struct GrpcGate {
 impl GrpcGate {
     /// Listen on `host:port` (0: any free port; every address `host` resolves to) and relay to the HTTP/2 server on
     /// the Unix socket `upstream`. `max_in_flight`, `max_lag_text` and `status` word refusals as the gateway's
-    /// admission does; `capacity` is the first relay bound (see `set_state`).
+    /// admission does; `capacity` is the first relay bound (see `set_state`). The unary methods named in `direct`
+    /// (paths such as `/tensorflow.serving.PredictionService/Predict`) are answered by Python worker threads instead
+    /// (`next_call`; src/direct.rs), with messages of at most `max_message` bytes and at most `max_calls` of them
+    /// received or queued at once. `reuse_port`: share the port with other processes (SO_REUSEPORT).
+    /// `stream_window`: the HTTP/2 flow-control window of a client's call (at least 1 MiB): what a client may send
+    /// before the gate reads it, so a larger one takes a large message in fewer round trips.
     #[new]
-    #[pyo3(signature = (host, port, upstream, capacity, max_in_flight, max_lag_text, status))]
+    #[pyo3(signature = (
+        host, port, upstream, capacity, max_in_flight, max_lag_text, status,
+        direct=Vec::new(), max_message=64 << 20, max_calls=256, reuse_port=true, stream_window=1 << 20
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         host: &str,
         port: u16,
@@ -394,6 +413,11 @@ impl GrpcGate {
         max_in_flight: i64,
         max_lag_text: &str,
         status: u16,
+        direct: Vec<String>,
+        max_message: usize,
+        max_calls: usize,
+        reuse_port: bool,
+        stream_window: u32,
     ) -> PyResult<Self> {
         if status != 8 && status != 14 {
             return Err(PyValueError::new_err(format!("refusal status must be 8 or 14, not {status}")));
@@ -412,7 +436,7 @@ impl GrpcGate {
                 }
                 let mut seen = HashMap::new();
                 let addrs: Vec<SocketAddr> = addrs.into_iter().filter(|a| seen.insert(*a, ()).is_none()).collect();
-                bind(&addrs, 4096)
+                bind(&addrs, 4096, reuse_port)
             })
             .map_err(|e| PyOSError::new_err(format!("cannot listen for gRPC on {host}:{port}: {e}")))?;
         let bound = listeners[0].local_addr().map(|a| a.port()).unwrap_or(0);
@@ -429,6 +453,8 @@ impl GrpcGate {
             max_lag_text: max_lag_text.to_string(),
             status,
             closing: AtomicBool::new(false),
+            direct: (!direct.is_empty()).then(|| Direct::new(direct, max_message, max_calls)),
+            window: stream_window.clamp(WINDOW, (1 << 31) - 1),
         });
         let up = Arc::new(Upstream { path: PathBuf::from(upstream), conn: tokio::sync::Mutex::new(None) });
         let (stop, stop_rx) = watch::channel(false);
@@ -459,6 +485,12 @@ impl GrpcGate {
         s.reason.store(reason.min(LOOP_LAG), Ordering::Release);
     }
 
+    /// The next whole-message call for a worker thread, waiting up to `timeout_s` without the interpreter lock;
+    /// None when none came (or the gate has none: no `direct` methods, or closed and its queue empty).
+    fn next_call(&self, py: Python<'_>, timeout_s: f64) -> Option<DirectCall> {
+        direct::next_call(py, self.shared.direct.as_ref()?, timeout_s)
+    }
+
     /// Refusals since the last call, by reason: (queue_full, loop_lag, gate_full).
     fn take_refused(&self) -> (u64, u64, u64) {
         let r = &self.shared.refused;
@@ -472,10 +504,14 @@ impl GrpcGate {
     }
 
     /// Stop listening, tell every client to go away (HTTP/2 GOAWAY) and wait up to `grace_s` for the calls in
-    /// flight; then the thread ends with the process or at the next close.
+    /// flight (whole-message calls need their workers meanwhile); then the thread ends with the process or at the
+    /// next close, and `next_call` answers None once the queued calls are taken.
     fn close(&self, py: Python<'_>, grace_s: f64) {
         self.shared.closing.store(true, Ordering::Release);
         let _ = self.stop.send(true);
+        if let Some(direct) = self.shared.direct.as_ref() {
+            direct.close(); // calls already queued are still taken; new ones are refused UNAVAILABLE
+        }
         let handle = self.thread.lock().ok().and_then(|mut t| t.take());
         if let Some(handle) = handle {
             py.allow_threads(|| {
@@ -487,6 +523,9 @@ impl GrpcGate {
                     let _ = handle.join();
                 }
             });
+        }
+        if let Some(direct) = self.shared.direct.as_ref() {
+            direct.close(); // after the drain: the workers' next_call answers None once the queue is empty
         }
     }
 }
@@ -509,6 +548,8 @@ mod tests {
             max_lag_text: "0.25".into(),
             status: 8,
             closing: AtomicBool::new(false),
+            direct: None,
+            window: WINDOW,
         }
     }
 

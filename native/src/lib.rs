@@ -21,6 +21,7 @@ mod scan;
 mod predict_req;
 mod wire;
 mod gate;
+mod direct;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -417,6 +418,7 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_predict, m)?)?;
     m.add_class::<CheckedBody>()?;
     m.add_class::<gate::GrpcGate>()?;
+    m.add_class::<direct::DirectCall>()?;
     response::register(m)?;
     plan::register(m)?;
     pool::register(m)?;

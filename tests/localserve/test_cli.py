@@ -39,7 +39,7 @@ def _predict(target: str, model: str, x: list[float]) -> predict_pb2.PredictResp
         return prediction_service_pb2_grpc.PredictionServiceStub(ch).Predict(req, 10)
 
 
-def _wait_status(target: str, name: str, timeout: float = 20.0) -> dict[int, int]:
+def _wait_status(target: str, name: str, timeout: float = 60.0) -> dict[int, int]:
     deadline = time.monotonic() + timeout
     with grpc.insecure_channel(target) as ch:
         stub = model_service_pb2_grpc.ModelServiceStub(ch)
@@ -58,7 +58,7 @@ def _wait_status(target: str, name: str, timeout: float = 20.0) -> dict[int, int
             time.sleep(0.2)
 
 
-def test_config_reread_reload_rpc_and_tensor_content(model_root: Path, tmp_path: Path) -> None:
+def test_config_reread_and_tensor_content(model_root: Path, tmp_path: Path) -> None:
     config = tmp_path / "models.config"
     config.write_text(
         f'model_config_list {{ config {{ name: "a" base_path: "{model_root}/half" }} }}', encoding="utf-8"
@@ -81,7 +81,17 @@ def test_config_reread_reload_rpc_and_tensor_content(model_root: Path, tmp_path:
             encoding="utf-8",
         )
         assert _wait_status(server.target, "b") == {1: AVAILABLE}
-        # HandleReloadConfigRequest replaces the config: "a" goes away
+
+
+def test_reload_rpc_replaces_the_config(model_root: Path, tmp_path: Path) -> None:
+    """HandleReloadConfigRequest replaces the config: "a" goes away. (On a server that does not re-read its config
+    file: one that does puts the file's models back at its next poll, as TF Serving does.)"""
+    config = tmp_path / "models.config"
+    config.write_text(
+        f'model_config_list {{ config {{ name: "a" base_path: "{model_root}/half" }} }}', encoding="utf-8"
+    )
+    with serve_local(config) as server:
+        assert _predict(server.target, "a", [0.0]).model_spec.version.value == 2
         reload = model_management_pb2.ReloadConfigRequest()
         text_format.Parse(
             f'model_config_list {{ config {{ name: "c" base_path: "{model_root}/half" }} }}', reload.config
