@@ -28,7 +28,8 @@ ratios to ``whole``): ``whole`` and the three entry calls alone by the bare Pyth
 gRPC (the same bare client; cached and uncached) and REST (vegeta, when ``make bench-tools`` built it). With
 ``--ab-mmap-threshold N`` a second serve-local with ``--malloc_mmap_threshold_bytes=N`` serves the whole model and the
 ``dlrm`` entry too, and its two calls join the rounds (``whole_ab``, ``entry_dlrm_ab``; ratios to the first
-serve-local's ``whole``): the malloc setting's A/B in one run. Request bytes are the serialized requests' sizes. Before timing,
+serve-local's ``whole``): the malloc setting's A/B in one run; ``--ab-env NAME=VALUE`` starts that second serve-local
+with an environment variable instead (or as well), e.g. ``EMBEDGATE_SERVE_FRONT=python`` for its Python gRPC front. Request bytes are the serialized requests' sizes. Before timing,
 each entry's predictions are checked against the whole model's (printed as the max abs difference).
 """
 
@@ -270,6 +271,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from schemas.deltas import delta_topic
     from schemas.manifest import entry_model_name
     from tests.support.gateway import run_gateway
+    from tests.support.native import env_set
     from tests.support.ports import free_port
     from tests.support.servers import serve_local
     from tests.support.stack import exported_backends
@@ -299,11 +301,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with serve_local(served, extra_args=_malloc_args(args.mmap_threshold)) as backend:
             stack = contextlib.ExitStack()
             ab_target = None
-            if args.ab_mmap_threshold is not None:
+            if args.ab_mmap_threshold is not None or args.ab_env:
                 ab_served = {k: v for k, v in served.items() if k in ("dlrm_whole", entry_model_name("dlrm"))}
-                ab_target = stack.enter_context(
-                    serve_local(ab_served, extra_args=_malloc_args(args.ab_mmap_threshold))
-                ).target
+                threshold = args.mmap_threshold if args.ab_mmap_threshold is None else args.ab_mmap_threshold
+                with contextlib.ExitStack() as env:
+                    for name, _, value in (a.partition("=") for a in args.ab_env):
+                        env.enter_context(env_set(name, value))  # the environment the process starts with
+                    ab_target = stack.enter_context(
+                        serve_local(ab_served, extra_args=_malloc_args(threshold))
+                    ).target
             grpc_targets = {"gateway_grpc": free_port()}
             pids: dict[str, int] = {}  # target -> the gateway process whose CPU it costs
             gw = stack.enter_context(
@@ -510,6 +516,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="also a serve-local with this --malloc_mmap_threshold_bytes for the whole model and the dlrm entry "
         "(columns whole_ab, dlrm_ab), e.g. 1048576, the PS setting",
+    )
+    p.add_argument(
+        "--ab-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="also a serve-local with this environment variable for the whole model and the dlrm entry (columns "
+        "whole_ab, dlrm_ab; repeatable), e.g. EMBEDGATE_SERVE_FRONT=python, the Python gRPC front",
     )
     p.add_argument(
         "--write", type=Path, default=None, help="rewrite the dlrm_bench section of this Markdown file"

@@ -53,6 +53,9 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
     # issue 21: a refusal's CPU per front: REST h11 + ShedMiddleware vs the gateway's HTTP protocol, gRPC the Python
     # front vs the native gate (prints its table; about 4 minutes)
     "refusal_bench": (["--rounds", "3"], 600.0),
+    # issue 22: serve-local's native gate against its Python gRPC server, Predict of 4 KB / 1 MB / 5.3 MB (prints its
+    # table; about 2 minutes)
+    "serve_front_bench": ([], 600.0),
     # issue 18: training step with and without StreamRows (prints its figures; docs/benchmarks.md "StreamRows overhead")
     "stream_rows_bench": (
         ["--rounds", "3", "--steps", "40"],
