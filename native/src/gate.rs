@@ -121,18 +121,30 @@ impl Drop for Slot {
     }
 }
 
-/// The one HTTP/2 connection to the Python front, opened again when it breaks.
+/// The one HTTP/2 connection to the Python front, opened again when it breaks. The lock is held only to read or
+/// replace the sender, never while a call waits for the connection to take another stream.
 struct Upstream {
     path: PathBuf,
-    conn: tokio::sync::Mutex<Option<SendRequest<Bytes>>>,
+    conn: tokio::sync::Mutex<(u64, Option<SendRequest<Bytes>>)>, // (how many times it was opened, the sender)
 }
 
 impl Upstream {
     async fn sender(&self) -> Result<SendRequest<Bytes>, h2::Error> {
-        let mut guard = self.conn.lock().await;
-        if let Some(s) = guard.as_ref() {
-            if let Ok(ready) = s.clone().ready().await {
+        let (opened, current) = {
+            let guard = self.conn.lock().await;
+            (guard.0, guard.1.clone())
+        };
+        if let Some(s) = current {
+            if let Ok(ready) = s.ready().await {
                 return Ok(ready);
+            }
+        }
+        let mut guard = self.conn.lock().await;
+        if guard.0 != opened {
+            // another call opened it again meanwhile: use that connection
+            if let Some(s) = guard.1.clone() {
+                drop(guard);
+                return s.ready().await;
             }
         }
         let io = UnixStream::connect(&self.path).await.map_err(|_| h2::Error::from(Reason::REFUSED_STREAM))?;
@@ -146,7 +158,7 @@ impl Upstream {
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        *guard = Some(send.clone());
+        *guard = (guard.0 + 1, Some(send.clone()));
         drop(guard);
         send.ready().await
     }
@@ -456,7 +468,7 @@ impl GrpcGate {
             direct: (!direct.is_empty()).then(|| Direct::new(direct, max_message, max_calls)),
             window: stream_window.clamp(WINDOW, (1 << 31) - 1),
         });
-        let up = Arc::new(Upstream { path: PathBuf::from(upstream), conn: tokio::sync::Mutex::new(None) });
+        let up = Arc::new(Upstream { path: PathBuf::from(upstream), conn: tokio::sync::Mutex::new((0, None)) });
         let (stop, stop_rx) = watch::channel(false);
         let s = shared.clone();
         let thread = std::thread::Builder::new()
