@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import probe_stall_bench, workers_bench
+from benchmarks import probe_stall_bench, serve_front_bench, workers_bench
 from benchmarks.report import markers, write_section
 
 
@@ -90,3 +90,22 @@ def test_probe_stall_table_gives_each_run_and_the_idle_spread() -> None:
         table.splitlines()[-1]
         == "| 170,000 instances, 46.6 MB of JSON | 90 ms / 80 ms / 55 ms | 4-7 ms | 6.0-7.9 s |"
     )
+
+
+def test_serve_front_table_gives_each_size_both_fronts_and_the_ratios_with_their_spread() -> None:
+    report = {
+        "rounds": 6,
+        "calls": 60,
+        "sizes": {
+            "4000": {
+                "bytes": 4028,
+                "p50_ms": {"gate": 0.68, "python": 1.03},
+                "cpu_ms": {"gate": 0.5, "python": 0.83},
+                "p50_ratio": [0.59, 0.42, 1.23],
+                "cpu_ratio": [0.6, 0.4, 1.6],
+            }
+        },
+    }
+    table = serve_front_bench._table(report)
+    assert "6 rounds of 60 calls per front and size" in table
+    assert "| 4,028 | 0.68 / 1.03 | **0.59x** [0.42-1.23] | 0.50 / 0.83 | **0.60x** [0.40-1.60] |" in table
