@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use h2::RecvStream;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::sync::{oneshot, Semaphore};
 
-use crate::gate::{grpc_message, send_all};
+use crate::gate::{send_all, trailer_map, trailers_only};
 
 const PREFIX: usize = 5; // gRPC message prefix: compressed flag, length (u32, big endian)
 
@@ -208,31 +208,6 @@ fn framed(message: &[u8]) -> Bytes {
     out.extend_from_slice(&(message.len() as u32).to_be_bytes());
     out.extend_from_slice(message);
     out.freeze()
-}
-
-fn trailer_map(code: u16, details: &str, extra: &[(String, String)]) -> HeaderMap {
-    let mut map = HeaderMap::new();
-    map.insert("grpc-status", HeaderValue::from(code));
-    if !details.is_empty() {
-        map.insert("grpc-message", grpc_message(details));
-    }
-    for (k, v) in extra {
-        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
-            map.append(k, v);
-        }
-    }
-    map
-}
-
-/// A trailers-only answer (status, text and trailers in the one HEADERS frame that ends the stream).
-fn trailers_only(respond: &mut SendResponse<Bytes>, code: u16, details: &str, extra: &[(String, String)]) {
-    let mut resp = Response::builder().status(200).body(()).expect("static response parts");
-    let headers = resp.headers_mut();
-    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
-    headers.extend(trailer_map(code, details, extra));
-    if respond.send_response(resp, true).is_err() {
-        respond.send_reset(h2::Reason::INTERNAL_ERROR);
-    }
 }
 
 async fn answer(respond: &mut SendResponse<Bytes>, reply: Reply) -> Result<(), h2::Error> {

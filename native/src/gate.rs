@@ -29,7 +29,7 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use h2::server::SendResponse;
 use h2::{RecvStream, Reason, SendStream};
-use http::{HeaderValue, Request, Response, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixStream};
@@ -177,15 +177,26 @@ pub(crate) fn grpc_message(text: &str) -> HeaderValue {
     HeaderValue::from_str(&out).unwrap_or_else(|_| HeaderValue::from_static("refused"))
 }
 
-/// A trailers-only answer: the status and message in the response headers, ending the stream.
-fn refuse(respond: &mut SendResponse<Bytes>, status: u16, text: &str) {
-    let resp = Response::builder()
-        .status(200)
-        .header("content-type", "application/grpc")
-        .header("grpc-status", status.to_string())
-        .header("grpc-message", grpc_message(text))
-        .body(())
-        .expect("static response parts");
+pub(crate) fn trailer_map(code: u16, details: &str, extra: &[(String, String)]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    map.insert("grpc-status", HeaderValue::from(code));
+    if !details.is_empty() {
+        map.insert("grpc-message", grpc_message(details));
+    }
+    for (k, v) in extra {
+        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+            map.append(k, v);
+        }
+    }
+    map
+}
+
+/// A trailers-only answer (status, text and trailers in the one HEADERS frame that ends the stream).
+pub(crate) fn trailers_only(respond: &mut SendResponse<Bytes>, code: u16, details: &str, extra: &[(String, String)]) {
+    let mut resp = Response::builder().status(200).body(()).expect("static response parts");
+    let headers = resp.headers_mut();
+    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+    headers.extend(trailer_map(code, details, extra));
     if respond.send_response(resp, true).is_err() {
         respond.send_reset(Reason::INTERNAL_ERROR);
     }
@@ -287,7 +298,7 @@ async fn call(req: Request<RecvStream>, mut respond: SendResponse<Bytes>, shared
     let _slot = if guarded {
         if let Some((reason, text)) = shared.admit() {
             shared.refused[reason].fetch_add(1, Ordering::Relaxed);
-            refuse(&mut respond, shared.status, &text);
+            trailers_only(&mut respond, shared.status, &text, &[]);
             return;
         }
         Some(Slot(shared.clone()))
@@ -305,7 +316,7 @@ async fn call(req: Request<RecvStream>, mut respond: SendResponse<Bytes>, shared
         if shared.closing.load(Ordering::Acquire) {
             respond.send_reset(Reason::REFUSED_STREAM);
         } else {
-            refuse(&mut respond, 14, "The gateway's gRPC front is not reachable; retry later");
+            trailers_only(&mut respond, 14, "The gateway's gRPC front is not reachable; retry later", &[]);
         }
     }
 }
