@@ -30,8 +30,8 @@ __all__ = [
     "FRONT_ENV",
     "PREDICT_PATH",
     "NativeFront",
+    "gate_wanted",
     "native_front",
-    "native_gate_available",
     "serve_call",
     "upstream_dir",
 ]
@@ -94,8 +94,8 @@ def serve_call(call: Any, handler: Handler) -> None:
 
 
 class NativeFront:
-    """The gate on ``host:port`` relaying to the Python server at :attr:`upstream` (``unix:`` address), with
-    ``threads`` workers answering ``Predict`` through ``predict``."""
+    """A gate relaying to the Python server behind it (in ``directory``), with ``threads`` workers answering
+    ``Predict`` through ``predict``."""
 
     def __init__(self, gate: Any, directory: str, predict: Handler, threads: int) -> None:
         self._gate = gate
@@ -108,11 +108,6 @@ class NativeFront:
         ]
         for t in self._workers:
             t.start()
-
-    @property
-    def port(self) -> int:
-        port: int = self._gate.port
-        return port
 
     def _work(self) -> None:
         while True:
@@ -147,21 +142,18 @@ def _gate_class() -> Any:
     return gate_cls if gate_cls is not None and hasattr(gate_cls, "next_call") else None
 
 
-def native_gate_available() -> bool:
-    """Whether the native module has the gate with whole-message calls."""
-    return _gate_class() is not None
+def gate_wanted(*, tls: bool) -> bool:
+    """Whether the gate fronts the port: not with TLS, ``EMBEDGATE_SERVE_FRONT=python`` or no native module (the
+    Python server then listens on the port itself)."""
+    return not tls and os.environ.get(FRONT_ENV, "gate") != "python" and _gate_class() is not None
 
 
 def native_front(
-    host: str, port: int, directory: str, upstream: str, predict: Handler, threads: int, *, tls: bool
-) -> NativeFront | None:
-    """The gate on ``host:port`` in front of the Python server already listening at ``upstream``; None (the Python
-    server must listen on the port itself) with ``EMBEDGATE_SERVE_FRONT=python``, TLS, or no native module.
-    Raises OSError when the port is taken."""
-    gate_cls = _gate_class()
-    if tls or os.environ.get(FRONT_ENV, "gate") == "python" or gate_cls is None:
-        return None
-    gate = gate_cls(
+    host: str, port: int, directory: str, upstream: str, predict: Handler, threads: int
+) -> NativeFront:
+    """The gate on ``host:port`` in front of the Python server already listening at ``upstream`` (when
+    :func:`gate_wanted`). Raises OSError when the port is taken."""
+    gate = _gate_class()(
         host,
         port,
         upstream.removeprefix("unix:"),

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 
 from embedgate.localserve.batching import BatchingParameters
-from embedgate.localserve.front import FRONT_ENV, native_front, native_gate_available, upstream_dir
+from embedgate.localserve.front import gate_wanted, native_front, upstream_dir
 from embedgate.localserve.manager import Manager
 from embedgate.localserve.model_config import ModelEntry, load_config_file, single_model
 from embedgate.localserve.servable import Servable
@@ -90,8 +90,7 @@ def run(options: ServerOptions) -> int:
         server, manager, tensor_content=options.tensor_content, reload=manager.reconcile
     )
     address = f"{options.host}:{options.port}"
-    tls = options.ssl_config is not None
-    gated = not tls and os.environ.get(FRONT_ENV, "gate") != "python" and native_gate_available()
+    gated = gate_wanted(tls=options.ssl_config is not None)
     directory, upstream = upstream_dir() if gated else ("", "")
     if options.ssl_config is not None:
         bound = server.add_secure_port(address, options.ssl_config.server_credentials())
@@ -107,9 +106,7 @@ def run(options: ServerOptions) -> int:
     front = None
     if gated:
         try:
-            front = native_front(
-                options.host, options.port, directory, upstream, prediction.Predict, threads, tls=tls
-            )
+            front = native_front(options.host, options.port, directory, upstream, prediction.Predict, threads)
         except OSError as exc:
             server.stop(0)
             manager.close()
