@@ -90,10 +90,6 @@ def _lookup(target: str, shard: int, tables: list[str], ids: np.ndarray) -> np.n
     return np.asarray(to_ndarray(resp.outputs[lookup_values_output(TABLE)]))
 
 
-async def _true(value: bool) -> bool:
-    return value
-
-
 async def _eventually(
     check: Callable[[], Awaitable[bool]],
     what: str,
@@ -171,7 +167,11 @@ async def test_reads_go_to_caught_up_replicas_and_are_marked_when_none_is(
                 """Until a poll that began after this call has ended: the gateway has seen what was written before.
                 (A replica that lost writes no poll saw is not flagged: it has no past of its own to be below.)"""
                 start = tracker.polls
-                await _eventually(lambda: _true(tracker.polls >= start + 2), "two more position polls")
+
+                async def two_more() -> bool:
+                    return bool(tracker.polls >= start + 2)
+
+                await _eventually(two_more, "two more position polls")
 
             def explain() -> str:
                 return "; ".join(
