@@ -84,6 +84,7 @@ class Authenticator:
         self._entries: list[TokenEntry] = []
         self._stamp: tuple[int, int] | None = None
         self._checked = 0.0
+        self.generation = 0  # how many times tokens were loaded (a front holding a copy compares it)
         self._load(initial=True)
 
     def _load(self, *, initial: bool = False) -> None:
@@ -109,6 +110,7 @@ class Authenticator:
             return
         self._entries = entries
         self._stamp = stamp
+        self.generation += 1
         if not initial:
             log.info("tokens file reloaded", extra={"tokens": len(entries)})
 
@@ -117,6 +119,12 @@ class Authenticator:
         if now - self._checked >= self._interval:
             self._checked = now
             self._load()
+
+    def tokens(self) -> list[bytes]:
+        """Every token now valid, whatever its models (re-reading the file when due): what the native gRPC gate
+        checks before it receives a message (``gateway.grpc_front.server``)."""
+        self._maybe_reload()
+        return [e.token for e in self._entries]
 
     def scope(self, authorization: str | Sequence[str] | None) -> frozenset[str] | None:
         """The models the token in ``authorization`` may use (None: every model); raises 401 errors when there is

@@ -42,7 +42,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import numpy as np
 
@@ -106,15 +106,25 @@ def path() -> Literal["native", "reference"]:
 
 
 def grpc_gate(
-    host: str, port: int, upstream: str, capacity: int, max_in_flight: int, max_lag_text: str, status: int
+    host: str,
+    port: int,
+    upstream: str,
+    capacity: int,
+    max_in_flight: int,
+    max_lag_text: str,
+    status: int,
+    **whole: Any,
 ) -> GrpcGate | None:
     """The native gRPC gate (``native/src/gate.rs``) listening on ``host:port`` in front of the Python gRPC front on
     the Unix socket ``upstream``; None when the native path is off (the Python front, its reference, then listens
-    itself). Raises OSError when it cannot listen."""
+    itself). ``whole``: the gate's keyword arguments for the methods it receives whole (``direct``, ``max_message``,
+    ``max_calls``, ``max_bytes``, ``bytes_text``; ``native/src/direct.rs``). Raises OSError when it cannot listen."""
     mod = _module()
     if mod is None or path() != "native":
         return None
-    gate: GrpcGate = mod.GrpcGate(host, port, upstream, capacity, max_in_flight, max_lag_text, status)
+    gate: GrpcGate = mod.GrpcGate(
+        host, port, upstream, capacity, max_in_flight, max_lag_text, status, **whole
+    )
     return gate
 
 

@@ -230,6 +230,12 @@ class GatewaySettings(EnvOverFile):
         "own: refuses overload without Python and relays every other call to the Python front on a private Unix "
         "socket); 'python', the Python front itself (grpc.aio)",
     )
+    grpc_direct: bool = Field(
+        True,
+        description="with grpc_front 'gate': calls to TF Serving's services (uncompressed) are received whole by "
+        "the gate, off the interpreter lock and only with a known token, and answered on the gateway's loop without "
+        "the Python gRPC server; false relays them to it too",
+    )
     workers: int = Field(
         1,
         ge=1,

@@ -19,6 +19,10 @@ frame, to this ``grpc.aio`` server on a Unix socket in a private directory. With
 path off (``EMBEDGATE_NATIVE=off``, or the module missing) this server listens on the port itself. The gate's refusals are
 counted as the front's own (``embedgate_admission_shed_total{reason}``: ``queue_full``, ``loop_lag``, and
 ``grpc_gate`` for its own bound), read from the gate at every ``/metrics`` scrape and every second.
+
+With ``grpc_direct`` (the default) the gate relays only the health service and compressed calls: it receives the
+calls to TF Serving's methods whole, only from a caller with a known token and within the buffered-bytes budget, and
+a dispatcher thread hands each to the gateway's loop (:class:`~gateway.grpc_front.servicer.DirectCalls`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from gateway import native
 from gateway.errors import GatewayError, public_message
-from gateway.grpc_front.servicer import MODEL_SERVICE, PREDICTION_SERVICE, generic_handlers
+from gateway.grpc_front.servicer import (
+    MODEL_SERVICE,
+    PREDICTION_SERVICE,
+    DirectCalls,
+    direct_calls,
+    generic_handlers,
+)
 from gateway.lifespan import Runtime
 from gateway.readiness import Readiness
 
@@ -56,6 +66,7 @@ _T = TypeVar("_T")
 _GATE_REASONS: Final = ("queue_full", "loop_lag", "grpc_gate")  # GrpcGate.take_refused's order
 _GATED_OPTIONS: Final = (("grpc.http2.max_frame_size", 1 << 20), ("grpc.http2.lookahead_bytes", 4 << 20))
 _GATE_SYNC_S: Final = 1.0  # how often the gate's refusals are added to the metrics (also at every scrape)
+_TAKE_S: Final = 0.5  # how long the dispatcher waits for a call received whole before it looks again
 
 
 class _Health(health.aio.HealthServicer):  # type: ignore[misc]
@@ -128,7 +139,11 @@ class GrpcFront:
         self._gate: Any = None  # embedgate_native.GrpcGate while the gate listens
         self._gate_dir: str | None = None
         self._gate_sync: asyncio.Task[None] | None = None
+        self._direct: DirectCalls | None = None
+        self._dispatcher: threading.Thread | None = None
+        self._tokens_at = -1  # the Authenticator generation last given to the gate
         self.front = "python"  # what listens on the port: "gate" or "python"
+        self.direct = False  # whether the gate receives calls to TF Serving's services whole (grpc_direct)
 
     def _build(self, core_loop: asyncio.AbstractEventLoop, gated: bool) -> None:
         """The server and its services (on the gRPC loop); ``gated``: behind the native gate, on its Unix socket."""
@@ -216,14 +231,23 @@ class GrpcFront:
             raise
         self._rt.readiness.subscribe(self._update_health)
         log.info(
-            "grpc started", extra={"address": self._address, "port": self.port, "grpc_front": self.front}
+            "grpc started",
+            extra={
+                "address": self._address,
+                "port": self.port,
+                "grpc_front": self.front,
+                "grpc_direct": self.direct,
+            },
         )
 
     def _open_gate(self) -> int:
         """The native gate on the public address, in front of the Python server on the Unix socket (on the gateway's
-        loop: admission's state is published from there)."""
+        loop: admission's state is published from there). With ``grpc_direct`` the gate receives the calls of
+        :class:`DirectCalls` whole and a dispatcher thread hands each to the gateway's loop."""
         s = self._rt.settings
         limiter = self._rt.limiter
+        core_loop = asyncio.get_running_loop()
+        direct = direct_calls(self._rt, core_loop, self._tokens_stale) if s.grpc_direct else None
         try:
             gate = native.grpc_gate(
                 s.host,
@@ -233,6 +257,14 @@ class GrpcFront:
                 s.max_in_flight,
                 f"{s.admission.max_loop_lag_s:g}",
                 8 if s.overload_status == 429 else 14,
+                direct=sorted(direct.methods) if direct is not None else [],
+                max_message=min(s.max_body_bytes, 2**31 - 1),
+                max_calls=max(1, s.max_in_flight),
+                max_bytes=s.limits.max_buffered_bytes,
+                bytes_text=(
+                    "Too many request bytes being processed "
+                    f"(limits.max_buffered_bytes={s.limits.max_buffered_bytes}); retry later"
+                ),
             )
         except OSError as exc:
             raise RuntimeError(str(exc)) from None
@@ -240,11 +272,58 @@ class GrpcFront:
             raise RuntimeError("the native gRPC gate is not available")
         self._gate = gate
         self.front = "gate"
+        if direct is not None:
+            self._direct = direct
+            self.direct = True
+            self._give_tokens()
+            self._dispatcher = threading.Thread(
+                target=self._dispatch,
+                args=(gate, direct, core_loop),
+                name="embedgate-grpc-direct",
+                daemon=True,
+            )
+            self._dispatcher.start()
         limiter.observe(gate.set_state)
         self._rt.metrics.collect_hooks.append(self._count_gate_refusals)
         self._gate_sync = asyncio.create_task(self._sync_gate(), name="grpc-gate-metrics")
         port: int = gate.port
         return port
+
+    @staticmethod
+    def _dispatch(gate: Any, direct: DirectCalls, core_loop: asyncio.AbstractEventLoop) -> None:
+        """The dispatcher thread: each call the gate received whole, its message taken (one copy, mostly off the
+        interpreter lock), handed to the gateway's loop; ends when the gate is closed and its queue empty."""
+        while True:
+            call = gate.next_call(_TAKE_S)
+            if call is None:
+                if gate.closed:
+                    return
+                continue
+            raw = call.take_message() if call.received else None
+            try:
+                core_loop.call_soon_threadsafe(direct.start, call, raw)
+            except RuntimeError:  # the loop is closed: the process is ending
+                call.respond(14, "The gateway is shutting down; retry")
+                return
+
+    def _give_tokens(self) -> None:
+        """The tokens file's tokens to the gate when they changed (checked every :data:`_GATE_SYNC_S`)."""
+        auth = self._rt.auth
+        if self._gate is None or not self.direct:
+            return
+        if auth is None:
+            if self._tokens_at != 0:
+                self._gate.set_tokens(None)
+                self._tokens_at = 0
+            return
+        tokens = auth.tokens()  # re-reads the file when due
+        if auth.generation != self._tokens_at:
+            self._gate.set_tokens(tokens)
+            self._tokens_at = auth.generation
+
+    def _tokens_stale(self) -> None:
+        self._tokens_at = -1
+        self._give_tokens()
 
     @property
     def relayed(self) -> int:
@@ -258,16 +337,21 @@ class GrpcFront:
             return
         m = self._rt.metrics
         code = "RESOURCE_EXHAUSTED" if self._rt.settings.overload_status == 429 else "UNAVAILABLE"
-        for reason, n in zip(_GATE_REASONS, gate.take_refused(), strict=True):
+        *shed, over_budget = gate.take_refused()
+        for reason, n in zip(_GATE_REASONS, shed, strict=True):
             if n:
                 m.admission_shed.labels(reason).inc(n)
                 m.rejected.inc(n)
                 m.requests.labels("_other", "", "other", code).inc(n)
+        if over_budget:  # limits.max_buffered_bytes: RESOURCE_EXHAUSTED whatever overload_status says
+            m.rejected.inc(over_budget)
+            m.requests.labels("_other", "", "other", "RESOURCE_EXHAUSTED").inc(over_budget)
 
     async def _sync_gate(self) -> None:
         while True:
             await asyncio.sleep(_GATE_SYNC_S)
             self._count_gate_refusals()
+            self._give_tokens()
 
     def _remove_gate_dir(self) -> None:
         if self._gate_dir is not None:
@@ -288,6 +372,9 @@ class GrpcFront:
                     await self._gate_sync
                 self._gate_sync = None
             await asyncio.to_thread(self._gate.close, grace)
+            if self._dispatcher is not None:
+                await asyncio.to_thread(self._dispatcher.join, 2 * _TAKE_S + 1)
+                self._dispatcher = None
             with contextlib.suppress(ValueError):
                 self._rt.metrics.collect_hooks.remove(self._count_gate_refusals)
             self._count_gate_refusals()  # its last refusals

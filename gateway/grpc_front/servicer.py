@@ -41,6 +41,7 @@ from gateway.errors import (
     InvalidArgument,
     RequestTimeout,
     ResourceExhausted,
+    Unavailable,
     clip,
     public_message,
 )
@@ -54,7 +55,15 @@ if TYPE_CHECKING:
     from gateway.features import FeatureBatch
     from schemas.manifest import Manifest
 
-__all__ = ["DEGRADED_METADATA_KEY", "MODEL_SERVICE", "PREDICTION_SERVICE", "TensorInputs", "generic_handlers"]
+__all__ = [
+    "DEGRADED_METADATA_KEY",
+    "MODEL_SERVICE",
+    "PREDICTION_SERVICE",
+    "DirectCalls",
+    "TensorInputs",
+    "direct_calls",
+    "generic_handlers",
+]
 
 log = logging.getLogger("embedgate.gateway")
 
@@ -64,9 +73,11 @@ DEGRADED_METADATA_KEY: Final = "x-embedgate-degraded"  # trailing metadata: why 
 SIGNATURE_DEF_MAP_URL: Final = "type.googleapis.com/tensorflow.serving.SignatureDefMap"
 _STATUS: Final = {s.value[0]: s for s in grpc.StatusCode}
 
+_SWEEP_S: Final = 0.05  # how often calls received whole are checked for a client that went away
 _TRIM_BYTES: Final = 8 * 1024 * 1024  # after a message this large, freed heap pages go back to the OS
 
 _Req = TypeVar("_Req", bound=Message)
+_Fn = Callable[[Any, bytes, float], Awaitable[tuple[bytes, int | None, str | None]]]
 
 
 class TensorInputs:
@@ -222,13 +233,19 @@ class _Servicer:
             log.exception("unhandled error", extra={"path": f"grpc {api}"})
             code, message = grpc.StatusCode.INTERNAL, "Internal error; see the gateway log"
         finally:
-            if held[0]:
-                rt.buffered.release(held[0])
-                if held[0] >= _TRIM_BYTES and rt.executor is not None:  # malloc_trim: not on the event loop
-                    with contextlib.suppress(RuntimeError):  # executor already shut down
-                        rt.executor.submit(release_memory, held[0])
+            self._release_held(held)
         await context.abort(code, message)
         raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+    def _release_held(self, held: list[int]) -> None:
+        """Give back the bytes reserved for a message; after a large one, freed heap pages go back to the OS."""
+        rt = self.rt
+        if held[0]:
+            rt.buffered.release(held[0])
+            if held[0] >= _TRIM_BYTES and rt.executor is not None:  # malloc_trim: not on the event loop
+                with contextlib.suppress(RuntimeError):  # executor already shut down
+                    rt.executor.submit(release_memory, held[0])
+            held[0] = 0
 
     async def _core(
         self,
@@ -394,6 +411,101 @@ class _Servicer:
         return resp.SerializeToString(), None, None
 
 
+class DirectCalls:
+    """Calls the native gate received whole (``grpc_direct``; ``native/src/direct.rs``), answered on the gateway's
+    loop: the same steps as :meth:`_Servicer._serve` after the message is read, without the Python gRPC server.
+
+    The gate has already refused overload (the admission state it is given) and bounded the bytes it holds
+    (``limits.max_buffered_bytes``); it receives a message only from a caller whose one ``authorization`` value names
+    a token of the tokens file (:meth:`~gateway.auth.Authenticator.tokens`, given to it by the front). Any other
+    call arrives here with its message unread (``DirectCall.received`` False) and is refused in the gateway's own
+    words (``Auth.check``). A call whose client goes away (it cancels, its deadline passes, the connection drops)
+    has its task cancelled within :data:`_SWEEP_S`, as the Python front cancels its handler: the lookups and the
+    entry call it made are cancelled too.
+    """
+
+    def __init__(self, servicer: _Servicer, tokens_stale: Callable[[], None]) -> None:
+        self._s = servicer
+        self._tokens_stale = tokens_stale
+        self._calls: dict[asyncio.Task[None], Any] = {}  # in flight, with their DirectCall
+        self._sweeper: asyncio.Task[None] | None = None
+        self.methods: dict[str, tuple[str, type[Message], _Fn]] = {
+            f"/{PREDICTION_SERVICE}/Predict": ("predict", tfs_pb2.PredictRequest, servicer._predict),
+            f"/{PREDICTION_SERVICE}/Classify": (
+                "classify",
+                tfs_pb2.ClassificationRequest,
+                servicer._classify,
+            ),
+            f"/{PREDICTION_SERVICE}/Regress": ("regress", tfs_pb2.RegressionRequest, servicer._regress),
+            f"/{PREDICTION_SERVICE}/GetModelMetadata": (
+                "metadata",
+                tfs_pb2.GetModelMetadataRequest,
+                servicer._metadata,
+            ),
+            f"/{MODEL_SERVICE}/GetModelStatus": ("status", tfs_pb2.GetModelStatusRequest, servicer._status),
+        }
+
+    def start(self, call: Any, raw: bytes | None) -> None:
+        """Serve ``call`` (its message ``raw``, None when withheld) in a task; on the gateway's loop."""
+        task = asyncio.ensure_future(self.serve(call, raw))
+        self._calls[task] = call
+        task.add_done_callback(self._done)
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep())
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._calls.pop(task, None)
+
+    async def _sweep(self) -> None:
+        """While calls are in flight: cancel those whose client has gone."""
+        try:
+            while self._calls:
+                await asyncio.sleep(_SWEEP_S)
+                for task, call in list(self._calls.items()):
+                    if call.cancelled and not task.done():
+                        task.cancel()
+        finally:
+            self._sweeper = None
+
+    async def serve(self, call: Any, raw: bytes | None) -> None:
+        s = self._s
+        rt = s.rt
+        api, kind, fn = self.methods[call.path]
+        left = call.time_remaining()
+        timeout = rt.settings.request_timeout_s if left is None else min(left, rt.settings.request_timeout_s)
+        deadline = time.monotonic() + timeout
+        authorization = [v.decode("latin-1") for k, v in call.metadata() if k == "authorization"]
+        held = [0]
+        try:
+            with rt.track(admit=False, release=False) as tracked:
+                tracked.api = api
+                if rt.auth is not None:
+                    rt.auth.check(authorization, None)  # several values, none, or an unknown token: refused
+                if raw is None:  # a token the gate did not know yet (the file was re-read meanwhile)
+                    self._tokens_stale()
+                    raise Unavailable("The gateway was loading new tokens; retry")
+                rt.metrics.grpc_request_bytes.inc(len(raw))
+                s._reserve(len(raw), held)
+                check_spec_sizes(raw)  # before a byte of it is copied or parsed
+                if call.cancelled:
+                    raise asyncio.CancelledError
+                resp, degraded = await s._core(tracked, kind, raw, authorization, deadline, fn)
+            del raw
+            trailers = [(DEGRADED_METADATA_KEY, degraded)] if degraded is not None else []
+            call.respond(0, "", resp, trailers)
+            return
+        except GatewayError as exc:
+            code, message = int(exc.code), public_message(exc.message, rt.targets)
+        except asyncio.CancelledError:  # the client went away: no one to answer
+            return
+        except Exception:  # our bug: INTERNAL without internals; traceback logged
+            log.exception("unhandled error", extra={"path": f"grpc {api}"})
+            code, message = int(grpc.StatusCode.INTERNAL.value[0]), "Internal error; see the gateway log"
+        finally:
+            s._release_held(held)
+        call.respond(code, message)
+
+
 def _authorization(context: grpc.aio.ServicerContext) -> list[str]:
     """Every ``authorization`` metadata value, in order (several are refused by :meth:`Auth.check`)."""
     return [
@@ -410,6 +522,13 @@ def _raw_handler(fn: Any) -> grpc.RpcMethodHandler:
     itself (``context.read()``), so a call refused first (no token, no slot, no budget) never has its message
     received or parsed; HTTP/2 flow control keeps the client from sending more than a window meanwhile."""
     return grpc.stream_unary_rpc_method_handler(fn)
+
+
+def direct_calls(
+    rt: Runtime, core_loop: asyncio.AbstractEventLoop, tokens_stale: Callable[[], None]
+) -> DirectCalls:
+    """The same five methods for calls the native gate received whole (see :class:`DirectCalls`)."""
+    return DirectCalls(_Servicer(rt, core_loop), tokens_stale)
 
 
 def generic_handlers(rt: Runtime, core_loop: asyncio.AbstractEventLoop) -> tuple[grpc.GenericRpcHandler, ...]:

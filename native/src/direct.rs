@@ -11,11 +11,19 @@
 //! and that it is not compressed; a message longer than `max_message` is refused with RESOURCE_EXHAUSTED before it
 //! is read; a call whose client resets it is dropped (its answer, when it comes, is discarded); a call no worker
 //! answers (the `DirectCall` dropped without `respond`) gets INTERNAL. Malformed framing is the client's:
-//! INVALID_ARGUMENT. At most `max_calls` calls are received or queued at once; more wait for the HTTP/2 window.
+//! INVALID_ARGUMENT. At most `max_calls` calls are received or queued at once (a call a worker took no longer
+//! counts); more wait for the HTTP/2 window.
+//!
+//! Two guards for a public port (the gateway's, `grpc_direct`): with tokens set (`GrpcGate.set_tokens`), a call's
+//! message is received only when its one `authorization` value names one of them; any other call is queued with its
+//! message unread, for the worker to refuse in the gateway's words. And the bytes of messages received and not yet
+//! taken are bounded (`max_bytes`): a message that does not fit is refused RESOURCE_EXHAUSTED as soon as its prefix
+//! says its length, before it is read.
 
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -24,7 +32,7 @@ use h2::RecvStream;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::gate::{send_all, trailer_map, trailers_only};
 
@@ -44,13 +52,53 @@ pub(crate) struct Reply {
     trailers: Vec<(String, String)>,
 }
 
-/// A received call waiting for a worker.
+/// A received call waiting for a worker (its message None: withheld, not received, see [`Direct::authorized`]).
 struct Pending {
     path: String,
     metadata: Vec<(String, Vec<u8>)>,
     deadline: Option<Instant>,
-    message: Message,
+    message: Option<Message>,
     reply: oneshot::Sender<Reply>,
+    _permit: OwnedSemaphorePermit, // given back when a worker takes the call
+}
+
+/// The bytes of the messages received and not yet taken by a worker, bounded (0: unbounded).
+pub(crate) struct Budget {
+    held: AtomicUsize,
+    pub(crate) refused: AtomicU64, // messages refused for not fitting
+    max: usize,
+    text: String, // the refusal's text when a message does not fit
+}
+
+impl Budget {
+    pub(crate) fn new(max: usize, text: String) -> Budget {
+        Budget { held: AtomicUsize::new(0), refused: AtomicU64::new(0), max, text }
+    }
+
+    /// `n` bytes held until the returned hold is dropped; None when they do not fit.
+    fn reserve(self: &Arc<Self>, n: usize) -> Option<Hold> {
+        if self.max == 0 {
+            return Some(Hold(self.clone(), 0));
+        }
+        let before = self.held.fetch_add(n, Ordering::AcqRel);
+        if before.saturating_add(n) > self.max {
+            self.held.fetch_sub(n, Ordering::AcqRel);
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Hold(self.clone(), n))
+    }
+}
+
+/// Bytes held in a [`Budget`], given back when dropped.
+struct Hold(Arc<Budget>, usize);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if self.1 > 0 {
+            self.0.held.fetch_sub(self.1, Ordering::AcqRel);
+        }
+    }
 }
 
 /// The whole-message methods of one gate and its queue of received calls.
@@ -59,19 +107,60 @@ pub(crate) struct Direct {
     max_message: usize,
     tx: Mutex<Option<Sender<Pending>>>,
     rx: Mutex<Receiver<Pending>>,
-    permits: Semaphore,
+    permits: Arc<Semaphore>, // calls being received or queued (a worker's taking a call gives its permit back)
+    pub(crate) budget: Arc<Budget>,
+    /// The bearer tokens a call must carry for its message to be received (None: any call's is received).
+    tokens: RwLock<Option<Vec<Vec<u8>>>>,
 }
 
 impl Direct {
-    pub(crate) fn new(paths: Vec<String>, max_message: usize, max_calls: usize) -> Direct {
+    pub(crate) fn new(paths: Vec<String>, max_message: usize, max_calls: usize, budget: Budget) -> Direct {
         let (tx, rx) = channel();
         Direct {
             paths,
             max_message,
             tx: Mutex::new(Some(tx)),
             rx: Mutex::new(rx),
-            permits: Semaphore::new(max_calls.max(1)),
+            permits: Arc::new(Semaphore::new(max_calls.max(1))),
+            budget: Arc::new(budget),
+            tokens: RwLock::new(None),
         }
+    }
+
+    pub(crate) fn set_tokens(&self, tokens: Option<Vec<Vec<u8>>>) {
+        if let Ok(mut t) = self.tokens.write() {
+            *t = tokens;
+        }
+    }
+
+    /// Whether a call with these headers has its message received: no tokens set, or exactly one `authorization`
+    /// value `Bearer <token>` (scheme in any case) naming one of them, compared in constant time against every
+    /// token. A call that fails is still queued, its message withheld (never read), so that the worker answers it
+    /// with the gateway's own wording of the refusal.
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        let Ok(guard) = self.tokens.read() else {
+            return false;
+        };
+        let Some(tokens) = guard.as_ref() else {
+            return true;
+        };
+        let mut values = headers.get_all("authorization").iter();
+        let (Some(value), None) = (values.next(), values.next()) else {
+            return false;
+        };
+        let value = value.as_bytes().trim_ascii();
+        let Some(space) = value.iter().position(|b| *b == b' ') else {
+            return false;
+        };
+        let (scheme, token) = (&value[..space], value[space..].trim_ascii());
+        if !scheme.eq_ignore_ascii_case(b"bearer") || token.is_empty() {
+            return false;
+        }
+        let mut found = false;
+        for t in tokens {
+            found |= same_bytes(t, token);
+        }
+        found
     }
 
     /// Whether the gate answers `req` itself: a direct method, its message not compressed.
@@ -101,6 +190,14 @@ impl Direct {
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
         }
     }
+}
+
+/// Whether `a == b`, in a time that depends on their lengths only.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// `grpc-timeout` (gRPC's HTTP/2 protocol: up to 8 digits and a unit H, M, S, m, u or n).
@@ -138,6 +235,7 @@ fn metadata(headers: &HeaderMap) -> Vec<(String, Vec<u8>)> {
 pub(crate) struct Message {
     chunks: Vec<Bytes>,
     len: usize,
+    _hold: Option<Hold>, // its bytes in the budget until the message is taken or dropped
 }
 
 impl Message {
@@ -151,10 +249,12 @@ impl Message {
 }
 
 /// The one message of a unary call; or the status and text to refuse it with.
-async fn receive(body: &mut RecvStream, max_message: usize) -> Result<Message, (u16, String)> {
+async fn receive(body: &mut RecvStream, direct: &Direct) -> Result<Message, (u16, String)> {
+    let max_message = direct.max_message;
     let mut head = [0u8; PREFIX];
     let mut got = 0usize; // bytes received, prefix included
     let mut declared: Option<usize> = None;
+    let mut hold = None;
     let mut chunks = Vec::new();
     while let Some(chunk) = body.data().await {
         let mut chunk = chunk.map_err(|e| (UNAVAILABLE, format!("the request stream failed: {e}")))?;
@@ -180,6 +280,7 @@ async fn receive(body: &mut RecvStream, max_message: usize) -> Result<Message, (
                     format!("Received message larger than max ({len} vs. {max_message})"),
                 ));
             }
+            hold = Some(direct.budget.reserve(len).ok_or_else(|| (RESOURCE_EXHAUSTED, direct.budget.text.clone()))?);
             declared = Some(len);
         }
         if let Some(len) = declared {
@@ -193,11 +294,10 @@ async fn receive(body: &mut RecvStream, max_message: usize) -> Result<Message, (
     }
     match declared {
         None => Err((INVALID_ARGUMENT, "the call carries no request message".into())),
-        Some(len) if got < PREFIX + len => Err((
-            INVALID_ARGUMENT,
-            format!("the request message was cut short: {} of {len} bytes", got - PREFIX),
-        )),
-        Some(len) => Ok(Message { chunks, len }),
+        Some(len) if got < PREFIX + len => {
+            Err((INVALID_ARGUMENT, format!("the request message was cut short: {} of {len} bytes", got - PREFIX)))
+        }
+        Some(len) => Ok(Message { chunks, len, _hold: hold }),
     }
 }
 
@@ -230,19 +330,25 @@ async fn answer(respond: &mut SendResponse<Bytes>, reply: Reply) -> Result<(), h
 
 /// Serve one whole-message call: receive it, queue it for a worker, send the worker's answer.
 pub(crate) async fn serve(req: Request<RecvStream>, mut respond: SendResponse<Bytes>, direct: &Direct) {
-    let Ok(_permit) = direct.permits.acquire().await else { return };
+    let Ok(permit) = direct.permits.clone().acquire_owned().await else {
+        return;
+    };
     let (head, mut body) = req.into_parts();
     let deadline = head.headers.get("grpc-timeout").and_then(parse_timeout).map(|t| Instant::now() + t);
-    let received = tokio::select! {
-        m = receive(&mut body, direct.max_message) => m,
-        _ = poll_fn(|cx| respond.poll_reset(cx)) => return,
-    };
-    let message = match received {
-        Ok(m) => m,
-        Err((code, text)) => {
-            trailers_only(&mut respond, code, &text, &[]);
-            return;
+    let message = if direct.authorized(&head.headers) {
+        let received = tokio::select! {
+            m = receive(&mut body, direct) => m,
+            _ = poll_fn(|cx| respond.poll_reset(cx)) => return,
+        };
+        match received {
+            Ok(m) => Some(m),
+            Err((code, text)) => {
+                trailers_only(&mut respond, code, &text, &[]);
+                return;
+            }
         }
+    } else {
+        None // not read: the worker refuses the call (see Direct::authorized)
     };
     let (tx, rx) = oneshot::channel();
     let pending = Pending {
@@ -251,6 +357,7 @@ pub(crate) async fn serve(req: Request<RecvStream>, mut respond: SendResponse<By
         deadline,
         message,
         reply: tx,
+        _permit: permit,
     };
     let queued = direct.tx.lock().ok().and_then(|tx| tx.as_ref().map(|tx| tx.send(pending).is_ok()));
     if queued != Some(true) {
@@ -271,6 +378,11 @@ pub(crate) async fn serve(req: Request<RecvStream>, mut respond: SendResponse<By
     }
 }
 
+/// Whether a copy is long enough to be made without the interpreter lock (other threads run meanwhile).
+fn copied_off_lock(len: isize) -> bool {
+    len >= 1 << 20
+}
+
 /// One call taken by a Python worker thread (from `GrpcGate.next_call`).
 #[pyclass(module = "embedgate_native")]
 pub struct DirectCall {
@@ -279,6 +391,7 @@ pub struct DirectCall {
     metadata: Vec<(String, Vec<u8>)>,
     deadline: Option<Instant>,
     message: Mutex<Option<Message>>,
+    received: bool,
     reply: Mutex<Option<oneshot::Sender<Reply>>>,
 }
 
@@ -294,6 +407,19 @@ impl DirectCall {
         self.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_secs_f64())
     }
 
+    /// Whether the message was received (False: withheld, the call carrying no token the gate knows; see
+    /// `GrpcGate.set_tokens`).
+    #[getter]
+    fn received(&self) -> bool {
+        self.received
+    }
+
+    /// Whether the client is gone (it reset the call, or the gate closed): an answer would be discarded.
+    #[getter]
+    fn cancelled(&self) -> bool {
+        self.reply.lock().ok().and_then(|r| r.as_ref().map(|tx| tx.is_closed())).unwrap_or(true)
+    }
+
     /// The request message (once; its buffer is freed).
     fn take_message<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let taken = self.message.lock().ok().and_then(|mut m| m.take());
@@ -307,11 +433,18 @@ impl DirectCall {
                 unsafe {
                     let ptr = pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len);
                     let obj = Bound::from_owned_ptr_or_err(py, ptr)?;
-                    let data = pyo3::ffi::PyBytes_AsString(obj.as_ptr()) as *mut u8;
-                    m.copy_to(std::slice::from_raw_parts_mut(data, m.len));
+                    let data = pyo3::ffi::PyBytes_AsString(obj.as_ptr()) as usize;
+                    let copy = move || m.copy_to(std::slice::from_raw_parts_mut(data as *mut u8, m.len));
+                    if copied_off_lock(len) {
+                        // no other thread can see the new object yet: the copy needs no interpreter lock
+                        py.allow_threads(copy);
+                    } else {
+                        copy();
+                    }
                     Ok(obj.downcast_into_unchecked::<PyBytes>())
                 }
             }
+            None if !self.received => Err(pyo3::exceptions::PyValueError::new_err("the message was withheld")),
             None => Err(pyo3::exceptions::PyValueError::new_err("the message was already taken")),
         }
     }
@@ -320,13 +453,10 @@ impl DirectCall {
     /// `trailers` go with the status. False when the call was already answered or its client is gone.
     #[pyo3(signature = (code, details, body=None, trailers=Vec::new()))]
     fn respond(&self, code: u16, details: &str, body: Option<&[u8]>, trailers: Vec<(String, String)>) -> bool {
-        let Some(tx) = self.reply.lock().ok().and_then(|mut r| r.take()) else { return false };
-        let reply = Reply {
-            code,
-            details: details.to_string(),
-            body: body.map(framed),
-            trailers,
+        let Some(tx) = self.reply.lock().ok().and_then(|mut r| r.take()) else {
+            return false;
         };
+        let reply = Reply { code, details: details.to_string(), body: body.map(framed), trailers };
         tx.send(reply).is_ok()
     }
 }
@@ -340,7 +470,8 @@ pub(crate) fn next_call(py: Python<'_>, direct: &Direct, timeout_s: f64) -> Opti
         path: p.path,
         metadata: p.metadata,
         deadline: p.deadline,
-        message: Mutex::new(Some(p.message)),
+        received: p.message.is_some(),
+        message: Mutex::new(p.message),
         reply: Mutex::new(Some(p.reply)),
     })
 }
@@ -374,10 +505,46 @@ mod tests {
         h.insert("x-id-bin", HeaderValue::from_static("AAE="));
         let mut got = metadata(&h);
         got.sort();
-        assert_eq!(
-            got,
-            vec![("authorization".into(), b"Bearer t".to_vec()), ("x-id-bin".into(), b"AAE=".to_vec())]
-        );
+        assert_eq!(got, vec![("authorization".into(), b"Bearer t".to_vec()), ("x-id-bin".into(), b"AAE=".to_vec())]);
+    }
+
+    #[test]
+    fn a_message_is_received_only_with_one_known_bearer_token() {
+        let d = Direct::new(vec!["/p".into()], 1 << 20, 4, Budget::new(0, String::new()));
+        let with = |values: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append("authorization", HeaderValue::from_static(v));
+            }
+            h
+        };
+        assert!(d.authorized(&with(&[]))); // no tokens set: every call's message is received
+        d.set_tokens(Some(vec![b"tok-1".to_vec(), b"tok-22".to_vec()]));
+        assert!(d.authorized(&with(&["Bearer tok-1"])));
+        assert!(d.authorized(&with(&["bearer  tok-22 "])));
+        assert!(!d.authorized(&with(&[])));
+        assert!(!d.authorized(&with(&["Bearer tok-2"])));
+        assert!(!d.authorized(&with(&["Bearer tok-1x"])));
+        assert!(!d.authorized(&with(&["Basic tok-1"])));
+        assert!(!d.authorized(&with(&["Bearer"])));
+        assert!(!d.authorized(&with(&["Bearer tok-1", "Bearer tok-1"]))); // two values: never one of them
+        d.set_tokens(None);
+        assert!(d.authorized(&with(&[])));
+    }
+
+    #[test]
+    fn the_budget_refuses_what_does_not_fit_and_takes_bytes_back() {
+        let b = Arc::new(Budget::new(100, "full".into()));
+        let first = b.reserve(60).expect("fits");
+        assert!(b.reserve(41).is_none());
+        assert_eq!(b.refused.load(Ordering::Relaxed), 1);
+        let second = b.reserve(40).expect("fits exactly");
+        drop(first);
+        assert!(b.reserve(60).is_some()); // dropped at once: its bytes back
+        drop(second);
+        assert_eq!(b.held.load(Ordering::Relaxed), 0);
+        let unbounded = Arc::new(Budget::new(0, String::new()));
+        assert!(unbounded.reserve(usize::MAX / 2).is_some());
     }
 
     #[test]

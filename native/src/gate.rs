@@ -28,14 +28,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use h2::client::SendRequest;
 use h2::server::SendResponse;
-use h2::{RecvStream, Reason, SendStream};
+use h2::{Reason, RecvStream, SendStream};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixStream};
 use tokio::sync::watch;
 
-use crate::direct::{self, Direct, DirectCall};
+use crate::direct::{self, Budget, Direct, DirectCall};
 
 const GUARDED: [&str; 2] = ["/tensorflow.serving.PredictionService/", "/tensorflow.serving.ModelService/"];
 
@@ -51,12 +51,12 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Shared {
     reason: AtomicU8,
-    in_flight: AtomicI64, // the gateway's admission: admitted and not released
-    limit: AtomicI64,     // its concurrency limit
-    waiting: AtomicI64,   // its queue
-    lag_ms: AtomicI64,    // how late its loop runs
-    capacity: AtomicI64,  // relayed guarded calls allowed at once
-    relayed: AtomicI64,   // relayed guarded calls not yet answered
+    in_flight: AtomicI64,    // the gateway's admission: admitted and not released
+    limit: AtomicI64,        // its concurrency limit
+    waiting: AtomicI64,      // its queue
+    lag_ms: AtomicI64,       // how late its loop runs
+    capacity: AtomicI64,     // relayed guarded calls allowed at once
+    relayed: AtomicI64,      // relayed guarded calls not yet answered
     refused: [AtomicU64; 3], // queue_full, loop_lag, gate_full
     max_in_flight: i64,
     max_lag_text: String, // admission.max_loop_lag_s as the gateway words it
@@ -421,11 +421,14 @@ impl GrpcGate {
     /// (`next_call`; src/direct.rs), with messages of at most `max_message` bytes and at most `max_calls` of them
     /// received or queued at once. `reuse_port`: share the port with other processes (SO_REUSEPORT).
     /// `stream_window`: the HTTP/2 flow-control window of a client's call (at least 1 MiB): what a client may send
-    /// before the gate reads it, so a larger one takes a large message in fewer round trips.
+    /// before the gate reads it, so a larger one takes a large message in fewer round trips. `max_bytes` bounds the
+    /// bytes of whole messages received and not yet taken (0: no bound); a message that does not fit is refused
+    /// RESOURCE_EXHAUSTED with `bytes_text` as soon as its prefix says its length.
     #[new]
     #[pyo3(signature = (
         host, port, upstream, capacity, max_in_flight, max_lag_text, status,
-        direct=Vec::new(), max_message=64 << 20, max_calls=256, reuse_port=true, stream_window=1 << 20
+        direct=Vec::new(), max_message=64 << 20, max_calls=256, reuse_port=true, stream_window=1 << 20,
+        max_bytes=0, bytes_text=String::new()
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -441,6 +444,8 @@ impl GrpcGate {
         max_calls: usize,
         reuse_port: bool,
         stream_window: u32,
+        max_bytes: usize,
+        bytes_text: String,
     ) -> PyResult<Self> {
         if status != 8 && status != 14 {
             return Err(PyValueError::new_err(format!("refusal status must be 8 or 14, not {status}")));
@@ -476,7 +481,8 @@ impl GrpcGate {
             max_lag_text: max_lag_text.to_string(),
             status,
             closing: AtomicBool::new(false),
-            direct: (!direct.is_empty()).then(|| Direct::new(direct, max_message, max_calls)),
+            direct: (!direct.is_empty())
+                .then(|| Direct::new(direct, max_message, max_calls, Budget::new(max_bytes, bytes_text))),
             window: stream_window.clamp(WINDOW, (1 << 31) - 1),
         });
         let up = Arc::new(Upstream { path: PathBuf::from(upstream), conn: tokio::sync::Mutex::new((0, None)) });
@@ -514,10 +520,28 @@ impl GrpcGate {
         direct::next_call(py, self.shared.direct.as_ref()?, timeout_s)
     }
 
-    /// Refusals since the last call, by reason: (queue_full, loop_lag, gate_full).
-    fn take_refused(&self) -> (u64, u64, u64) {
+    /// The bearer tokens whose calls to whole-message methods have their message received (None: every call's).
+    /// A call without exactly one `authorization: Bearer <token>` naming one of them is still handed to a worker,
+    /// its message never read (`DirectCall.received` False), for the worker to refuse in its own words.
+    #[pyo3(signature = (tokens))]
+    fn set_tokens(&self, tokens: Option<Vec<Vec<u8>>>) {
+        if let Some(direct) = self.shared.direct.as_ref() {
+            direct.set_tokens(tokens);
+        }
+    }
+
+    /// Refusals since the last call, by reason: (queue_full, loop_lag, gate_full, buffered_bytes: whole messages
+    /// that did not fit `max_bytes`).
+    fn take_refused(&self) -> (u64, u64, u64, u64) {
         let r = &self.shared.refused;
-        (r[0].swap(0, Ordering::Relaxed), r[1].swap(0, Ordering::Relaxed), r[2].swap(0, Ordering::Relaxed))
+        let bytes = self.shared.direct.as_ref().map(|d| d.budget.refused.swap(0, Ordering::Relaxed)).unwrap_or(0);
+        (r[0].swap(0, Ordering::Relaxed), r[1].swap(0, Ordering::Relaxed), r[2].swap(0, Ordering::Relaxed), bytes)
+    }
+
+    /// Whether `close` was called (`next_call` then answers None once the queued calls are taken).
+    #[getter]
+    fn closed(&self) -> bool {
+        self.shared.closing.load(Ordering::Acquire)
     }
 
     /// Guarded calls relayed and not yet answered.
@@ -607,7 +631,10 @@ mod tests {
         s.reason.store(LOOP_LAG, Ordering::Release);
         let (reason, text) = s.admit().expect("refused");
         assert_eq!(reason, 1);
-        assert_eq!(text, "Overloaded: the gateway is running 380 ms behind (admission.max_loop_lag_s=0.25); retry later");
+        assert_eq!(
+            text,
+            "Overloaded: the gateway is running 380 ms behind (admission.max_loop_lag_s=0.25); retry later"
+        );
         assert_eq!(s.relayed.load(Ordering::Acquire), 0);
     }
 

@@ -32,18 +32,22 @@ _REQ = tfs_pb2.GetModelMetadataRequest(
 )
 
 
-def _app(backend: FakeBackend, front: str, **admission: Any) -> Any:
+def _app(backend: FakeBackend, front: str, direct: bool = True, extra: Any = None, **admission: Any) -> Any:
     from gateway.app import create_app
     from schemas.deployment import PassthroughModel
     from schemas.gateway_settings import GatewaySettings
 
-    settings = GatewaySettings(
-        models=[PassthroughModel(name="m", target=backend.target)],
-        host="127.0.0.1",
-        grpc_port=free_port(),
-        grpc_front=front,
-        max_in_flight=1,
-        admission={"max_loop_lag_s": 0, **admission},
+    settings = GatewaySettings.model_validate(
+        {
+            "models": [PassthroughModel(name="m", target=backend.target)],
+            "host": "127.0.0.1",
+            "grpc_port": free_port(),
+            "grpc_front": front,
+            "grpc_direct": direct,
+            "max_in_flight": 1,
+            "admission": {"max_loop_lag_s": 0, **admission},
+            **(extra or {}),
+        }
     )
     return create_app(settings)
 
@@ -121,7 +125,7 @@ def test_the_gate_bounds_the_calls_the_python_front_has_not_taken(backend: FakeB
     from gateway.admission import _TRANSIT_MIN
 
     async def scenario() -> None:
-        app = _app(backend, "gate", queue_timeout_s=0)
+        app = _app(backend, "gate", direct=False, queue_timeout_s=0)
         backend.hold_metadata = False
         async with app.router.lifespan_context(app):
             rt = app.state.runtime
@@ -220,3 +224,125 @@ def test_the_gate_goes_away_gracefully_on_shutdown(backend: FakeBackend) -> None
     assert result.get("code") == grpc.StatusCode.OK, result
     with grpc.insecure_channel(target) as channel, pytest.raises(grpc.FutureTimeoutError):
         grpc.channel_ready_future(channel).result(timeout=1)
+
+
+def test_calls_received_whole_never_wait_for_the_python_front(backend: FakeBackend) -> None:
+    """``grpc_direct`` (the default): TF Serving's methods are received whole by the gate and answered on the
+    gateway's loop. With the Python front's loop blocked, Predict and GetModelMetadata are answered (a 24 MB Predict
+    too); the health service, relayed to the Python front, is answered once it runs again."""
+    backend.hold_metadata = False
+
+    async def scenario() -> None:
+        app = _app(backend, "gate")
+        async with app.router.lifespan_context(app):
+            rt = app.state.runtime
+            front = rt.grpc_front
+            assert front.front == "gate" and front.direct
+            unblock = threading.Event()
+            front._loop.call_soon_threadsafe(unblock.wait, _WAIT_S)
+            try:
+                async with grpc.aio.insecure_channel(
+                    f"127.0.0.1:{rt.grpc_port}", options=[("grpc.max_send_message_length", 64 << 20)]
+                ) as channel:
+                    assert await _call(channel) == (grpc.StatusCode.OK, "")
+                    big = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name="m"))
+                    x = big.inputs["x"]
+                    x.dtype = tfs_pb2.DataType.DT_FLOAT
+                    x.tensor_shape.dim.add().size = 1024
+                    x.tensor_shape.dim.add().size = 6 * 1024
+                    x.tensor_content = bytes(4 * 6 * 1024 * 1024)
+                    assert await _call(channel, _PREDICT, big) == (grpc.StatusCode.OK, "")
+                    health = health_pb2_grpc.HealthStub(channel).Check(
+                        health_pb2.HealthCheckRequest(service=""), timeout=_WAIT_S
+                    )
+                    await asyncio.sleep(0.2)
+                    assert not health.done(), "the health call was answered by a blocked front"
+                    unblock.set()
+                    assert (await health).status == health_pb2.HealthCheckResponse.SERVING
+            finally:
+                unblock.set()
+            assert backend.calls["Predict"] == 1
+            assert rt.grpc_front.relayed == 0 and rt.limiter.current == 0
+
+    asyncio.run(scenario())
+
+
+def test_calls_received_whole_need_a_known_token_and_fit_the_budget(
+    backend: FakeBackend, tmp_path: Any
+) -> None:
+    """With tokens: a call without a valid token is refused in the gateway's words with its message never received
+    (a 4 MB message over the 1 MiB budget gets UNAUTHENTICATED, not RESOURCE_EXHAUSTED); with one, the same message
+    is refused by the gate's budget (``limits.max_buffered_bytes``, counted as rejected) and a small one passes. A
+    token added to the file is taken by the gate within its sync; a gate holding stale tokens gets them again."""
+    backend.hold_metadata = False
+    tokens = tmp_path / "tokens"
+    tokens.write_text("first-token\n", encoding="utf-8")
+    budget = 1 << 20
+    extra = {
+        "auth": {"tokens_file": str(tokens)},
+        "limits": {"max_buffered_bytes": budget},
+        "max_body_bytes": 8 << 20,
+    }
+
+    def bearer(token: str) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {token}"),)
+
+    async def call(channel: grpc.aio.Channel, req: Any, token: str | None) -> tuple[grpc.StatusCode, str]:
+        fn = channel.unary_unary(_PREDICT, request_serializer=tfs_pb2.PredictRequest.SerializeToString)
+        try:
+            await fn(req, timeout=_WAIT_S, metadata=bearer(token) if token else None)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), exc.details() or ""
+        return grpc.StatusCode.OK, ""
+
+    big = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name="m"))
+    x = big.inputs["x"]
+    x.dtype = tfs_pb2.DataType.DT_FLOAT
+    x.tensor_shape.dim.add().size = 1 << 20
+    x.tensor_content = bytes(4 << 20)
+    small = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name="m"))
+    small.inputs["x"].CopyFrom(tfs_pb2.TensorProto(dtype=tfs_pb2.DataType.DT_FLOAT, float_val=[1.0]))
+
+    async def scenario() -> None:
+        app = _app(backend, "gate", extra=extra)
+        async with app.router.lifespan_context(app):
+            rt = app.state.runtime
+            assert rt.grpc_front.direct
+            async with grpc.aio.insecure_channel(
+                f"127.0.0.1:{rt.grpc_port}", options=[("grpc.max_send_message_length", 64 << 20)]
+            ) as channel:
+                read = metric_sum(_metrics(app), "embedgate_grpc_request_bytes_total")
+                code, text = await call(channel, big, None)
+                assert (code, text) == (
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "Missing bearer token: send 'Authorization: Bearer <token>'",
+                )
+                assert await call(channel, big, "wrong") == (
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "Invalid bearer token",
+                )
+                assert metric_sum(_metrics(app), "embedgate_grpc_request_bytes_total") == read
+
+                rejected = metric_sum(_metrics(app), "embedgate_requests_rejected_total")
+                code, text = await call(channel, big, "first-token")
+                assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, text)
+                assert text == (
+                    f"Too many request bytes being processed (limits.max_buffered_bytes={budget}); retry later"
+                )
+                assert metric_sum(_metrics(app), "embedgate_requests_rejected_total") == rejected + 1
+                assert await call(channel, small, "first-token") == (grpc.StatusCode.OK, "")
+
+                tokens.write_text("first-token\nsecond-token\n", encoding="utf-8")
+                for _ in range(int(_WAIT_S / 0.05)):
+                    if await call(channel, small, "second-token") == (grpc.StatusCode.OK, ""):
+                        break
+                    await asyncio.sleep(0.05)
+                else:
+                    pytest.fail("the new token was never accepted")
+
+                rt.grpc_front._gate.set_tokens([b"something-else"])  # as if the gate missed a reload
+                code, text = await call(channel, small, "first-token")
+                assert code == grpc.StatusCode.UNAVAILABLE and "retry" in text, (code, text)
+                assert await call(channel, small, "first-token") == (grpc.StatusCode.OK, "")
+
+    asyncio.run(scenario())
