@@ -101,6 +101,8 @@ class GrpcGate:
         stream_window: int = ...,
         max_bytes: int = ...,
         bytes_text: str = ...,
+        receive_timeout_s: float = ...,
+        timeout_text: str = ...,
     ) -> None: ...
     @property
     def port(self) -> int: ...

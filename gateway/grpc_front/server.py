@@ -265,6 +265,11 @@ class GrpcFront:
                     "Too many request bytes being processed "
                     f"(limits.max_buffered_bytes={s.limits.max_buffered_bytes}); retry later"
                 ),
+                receive_timeout_s=s.limits.body_timeout_s,
+                timeout_text=(
+                    f"Request message not received within {s.limits.body_timeout_s:g} s "
+                    "(limits.body_timeout_s)"
+                ),
             )
         except OSError as exc:
             raise RuntimeError(str(exc)) from None

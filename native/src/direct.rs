@@ -40,6 +40,7 @@ const PREFIX: usize = 5; // gRPC message prefix: compressed flag, length (u32, b
 
 /// gRPC status codes the gate words itself.
 const INVALID_ARGUMENT: u16 = 3;
+const DEADLINE_EXCEEDED: u16 = 4;
 const RESOURCE_EXHAUSTED: u16 = 8;
 const INTERNAL: u16 = 13;
 const UNAVAILABLE: u16 = 14;
@@ -109,6 +110,8 @@ pub(crate) struct Direct {
     rx: Mutex<Receiver<Pending>>,
     permits: Arc<Semaphore>, // calls being received or queued (a worker's taking a call gives its permit back)
     pub(crate) budget: Arc<Budget>,
+    /// How long a message may take to arrive once its call came, and the refusal's text (None: no bound).
+    receive_timeout: Option<(Duration, String)>,
     /// The bearer tokens a call must carry for its message to be received (None: any call's is received).
     tokens: RwLock<Option<Vec<Vec<u8>>>>,
 }
@@ -123,8 +126,15 @@ impl Direct {
             rx: Mutex::new(rx),
             permits: Arc::new(Semaphore::new(max_calls.max(1))),
             budget: Arc::new(budget),
+            receive_timeout: None,
             tokens: RwLock::new(None),
         }
+    }
+
+    /// Bound the time a message may take to arrive (`text`: the DEADLINE_EXCEEDED refusal's).
+    pub(crate) fn with_receive_timeout(mut self, limit: Duration, text: String) -> Direct {
+        self.receive_timeout = Some((limit, text));
+        self
     }
 
     pub(crate) fn set_tokens(&self, tokens: Option<Vec<Vec<u8>>>) {
@@ -336,8 +346,16 @@ pub(crate) async fn serve(req: Request<RecvStream>, mut respond: SendResponse<By
     let (head, mut body) = req.into_parts();
     let deadline = head.headers.get("grpc-timeout").and_then(parse_timeout).map(|t| Instant::now() + t);
     let message = if direct.authorized(&head.headers) {
+        let receiving = async {
+            match direct.receive_timeout {
+                None => receive(&mut body, direct).await,
+                Some((limit, ref text)) => tokio::time::timeout(limit, receive(&mut body, direct))
+                    .await
+                    .unwrap_or_else(|_| Err((DEADLINE_EXCEEDED, text.clone()))),
+            }
+        };
         let received = tokio::select! {
-            m = receive(&mut body, direct) => m,
+            m = receiving => m,
             _ = poll_fn(|cx| respond.poll_reset(cx)) => return,
         };
         match received {

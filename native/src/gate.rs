@@ -423,12 +423,13 @@ impl GrpcGate {
     /// `stream_window`: the HTTP/2 flow-control window of a client's call (at least 1 MiB): what a client may send
     /// before the gate reads it, so a larger one takes a large message in fewer round trips. `max_bytes` bounds the
     /// bytes of whole messages received and not yet taken (0: no bound); a message that does not fit is refused
-    /// RESOURCE_EXHAUSTED with `bytes_text` as soon as its prefix says its length.
+    /// RESOURCE_EXHAUSTED with `bytes_text` as soon as its prefix says its length. A message not received within
+    /// `receive_timeout_s` of its call (0: no bound) is refused DEADLINE_EXCEEDED with `timeout_text`.
     #[new]
     #[pyo3(signature = (
         host, port, upstream, capacity, max_in_flight, max_lag_text, status,
         direct=Vec::new(), max_message=64 << 20, max_calls=256, reuse_port=true, stream_window=1 << 20,
-        max_bytes=0, bytes_text=String::new()
+        max_bytes=0, bytes_text=String::new(), receive_timeout_s=0.0, timeout_text=String::new()
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -446,6 +447,8 @@ impl GrpcGate {
         stream_window: u32,
         max_bytes: usize,
         bytes_text: String,
+        receive_timeout_s: f64,
+        timeout_text: String,
     ) -> PyResult<Self> {
         if status != 8 && status != 14 {
             return Err(PyValueError::new_err(format!("refusal status must be 8 or 14, not {status}")));
@@ -481,8 +484,14 @@ impl GrpcGate {
             max_lag_text: max_lag_text.to_string(),
             status,
             closing: AtomicBool::new(false),
-            direct: (!direct.is_empty())
-                .then(|| Direct::new(direct, max_message, max_calls, Budget::new(max_bytes, bytes_text))),
+            direct: (!direct.is_empty()).then(|| {
+                let d = Direct::new(direct, max_message, max_calls, Budget::new(max_bytes, bytes_text));
+                if receive_timeout_s > 0.0 {
+                    d.with_receive_timeout(Duration::from_secs_f64(receive_timeout_s.min(86_400.0)), timeout_text)
+                } else {
+                    d
+                }
+            }),
             window: stream_window.clamp(WINDOW, (1 << 31) - 1),
         });
         let up = Arc::new(Upstream { path: PathBuf::from(upstream), conn: tokio::sync::Mutex::new((0, None)) });

@@ -9,6 +9,7 @@ reference."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -344,5 +345,40 @@ def test_calls_received_whole_need_a_known_token_and_fit_the_budget(
                 code, text = await call(channel, small, "first-token")
                 assert code == grpc.StatusCode.UNAVAILABLE and "retry" in text, (code, text)
                 assert await call(channel, small, "first-token") == (grpc.StatusCode.OK, "")
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_message_that_never_comes_is_refused_after_the_body_timeout(
+    backend: FakeBackend, direct: bool
+) -> None:
+    """A call whose headers came but whose message does not (the client waits 10 s before sending it): refused
+    DEADLINE_EXCEEDED after ``limits.body_timeout_s`` (0.5 s) by the gate receiving it whole, as by the Python front
+    reading it; the slot it held is free again."""
+
+    async def scenario() -> None:
+        app = _app(backend, "gate", direct=direct, extra={"limits": {"body_timeout_s": 0.5}})
+        async with app.router.lifespan_context(app):
+            rt = app.state.runtime
+            assert rt.grpc_front.direct is direct
+            late = asyncio.Event()
+
+            async def messages() -> Any:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(late.wait(), 10.0)
+                yield _REQ.SerializeToString()
+
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{rt.grpc_port}") as channel:
+                call = channel.stream_unary(_METADATA)(messages(), timeout=_WAIT_S)
+                with pytest.raises(grpc.aio.AioRpcError) as exc:
+                    await call
+                late.set()
+                assert exc.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, exc.value
+                assert exc.value.details() == (
+                    "Request message not received within 0.5 s (limits.body_timeout_s)"
+                )
+                backend.hold_metadata = False
+                assert await _call(channel) == (grpc.StatusCode.OK, "")
 
     asyncio.run(scenario())
