@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -71,6 +72,17 @@ async def _until(check: Any) -> None:
             return
         await asyncio.sleep(0.01)
     pytest.fail("condition never met")
+
+
+def _big_predict(*shape: int) -> tfs_pb2.PredictRequest:
+    """A Predict of model ``m`` with one float32 input ``x`` of ``shape``, zeros in ``tensor_content``."""
+    req = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name="m"))
+    x = req.inputs["x"]
+    x.dtype = tfs_pb2.DataType.DT_FLOAT
+    for size in shape:
+        x.tensor_shape.dim.add().size = size
+    x.tensor_content = bytes(4 * math.prod(shape))
+    return req
 
 
 def _metrics(app: Any) -> str:
@@ -178,12 +190,7 @@ def test_the_gate_relays_streams_large_messages_and_unguarded_services(backend: 
                 assert first.status == health_pb2.HealthCheckResponse.SERVING
                 watch.cancel()
 
-                big = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name="m"))
-                x = big.inputs["x"]
-                x.dtype = tfs_pb2.DataType.DT_FLOAT
-                x.tensor_shape.dim.add().size = 1024
-                x.tensor_shape.dim.add().size = 6 * 1024
-                x.tensor_content = bytes(4 * 1024 * 6 * 1024)
+                big = _big_predict(1024, 6 * 1024)
                 call = channel.unary_unary(
                     _PREDICT,
                     request_serializer=tfs_pb2.PredictRequest.SerializeToString,
@@ -246,13 +253,10 @@ def test_calls_received_whole_never_wait_for_the_python_front(backend: FakeBacke
                     f"127.0.0.1:{rt.grpc_port}", options=[("grpc.max_send_message_length", 64 << 20)]
                 ) as channel:
                     assert await _call(channel) == (grpc.StatusCode.OK, "")
-                    big = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name="m"))
-                    x = big.inputs["x"]
-                    x.dtype = tfs_pb2.DataType.DT_FLOAT
-                    x.tensor_shape.dim.add().size = 1024
-                    x.tensor_shape.dim.add().size = 6 * 1024
-                    x.tensor_content = bytes(4 * 6 * 1024 * 1024)
-                    assert await _call(channel, _PREDICT, big) == (grpc.StatusCode.OK, "")
+                    assert await _call(channel, _PREDICT, _big_predict(1024, 6 * 1024)) == (
+                        grpc.StatusCode.OK,
+                        "",
+                    )
                     health = health_pb2_grpc.HealthStub(channel).Check(
                         health_pb2.HealthCheckRequest(service=""), timeout=_WAIT_S
                     )
@@ -296,11 +300,7 @@ def test_calls_received_whole_need_a_known_token_and_fit_the_budget(
             return exc.code(), exc.details() or ""
         return grpc.StatusCode.OK, ""
 
-    big = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name="m"))
-    x = big.inputs["x"]
-    x.dtype = tfs_pb2.DataType.DT_FLOAT
-    x.tensor_shape.dim.add().size = 1 << 20
-    x.tensor_content = bytes(4 << 20)
+    big = _big_predict(1 << 20)
     small = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name="m"))
     small.inputs["x"].CopyFrom(tfs_pb2.TensorProto(dtype=tfs_pb2.DataType.DT_FLOAT, float_val=[1.0]))
 
