@@ -103,6 +103,7 @@ class GrpcGate:
         bytes_text: str = ...,
         receive_timeout_s: float = ...,
         timeout_text: str = ...,
+        tokens: list[bytes] | None = ...,
     ) -> None: ...
     @property
     def port(self) -> int: ...

@@ -265,6 +265,7 @@ class GrpcFront:
                     "Too many request bytes being processed "
                     f"(limits.max_buffered_bytes={s.limits.max_buffered_bytes}); retry later"
                 ),
+                tokens=self._rt.auth.tokens() if self._rt.auth is not None else None,
                 receive_timeout_s=s.limits.body_timeout_s,
                 timeout_text=(
                     f"Request message not received within {s.limits.body_timeout_s:g} s "
@@ -280,7 +281,7 @@ class GrpcFront:
         if direct is not None:
             self._direct = direct
             self.direct = True
-            self._give_tokens()
+            self._tokens_at = self._rt.auth.generation if self._rt.auth is not None else 0
             self._dispatcher = threading.Thread(
                 target=self._dispatch,
                 args=(gate, direct, core_loop),

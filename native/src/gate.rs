@@ -424,12 +424,13 @@ impl GrpcGate {
     /// before the gate reads it, so a larger one takes a large message in fewer round trips. `max_bytes` bounds the
     /// bytes of whole messages received and not yet taken (0: no bound); a message that does not fit is refused
     /// RESOURCE_EXHAUSTED with `bytes_text` as soon as its prefix says its length. A message not received within
-    /// `receive_timeout_s` of its call (0: no bound) is refused DEADLINE_EXCEEDED with `timeout_text`.
+    /// `receive_timeout_s` of its call (0: no bound) is refused DEADLINE_EXCEEDED with `timeout_text`. `tokens`: as
+    /// `set_tokens`, from the first call on.
     #[new]
     #[pyo3(signature = (
         host, port, upstream, capacity, max_in_flight, max_lag_text, status,
         direct=Vec::new(), max_message=64 << 20, max_calls=256, reuse_port=true, stream_window=1 << 20,
-        max_bytes=0, bytes_text=String::new(), receive_timeout_s=0.0, timeout_text=String::new()
+        max_bytes=0, bytes_text=String::new(), receive_timeout_s=0.0, timeout_text=String::new(), tokens=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -449,6 +450,7 @@ impl GrpcGate {
         bytes_text: String,
         receive_timeout_s: f64,
         timeout_text: String,
+        tokens: Option<Vec<Vec<u8>>>,
     ) -> PyResult<Self> {
         if status != 8 && status != 14 {
             return Err(PyValueError::new_err(format!("refusal status must be 8 or 14, not {status}")));
@@ -486,6 +488,7 @@ impl GrpcGate {
             closing: AtomicBool::new(false),
             direct: (!direct.is_empty()).then(|| {
                 let d = Direct::new(direct, max_message, max_calls, Budget::new(max_bytes, bytes_text));
+                d.set_tokens(tokens);
                 if receive_timeout_s > 0.0 {
                     d.with_receive_timeout(Duration::from_secs_f64(receive_timeout_s.min(86_400.0)), timeout_text)
                 } else {
