@@ -265,11 +265,13 @@ class BufferedBytes:
             self._refuse()
         self.current += n
 
+    @property
+    def refusal_text(self) -> str:
+        """What a request that does not fit is told (also by the native gRPC gate, which holds bytes of its own)."""
+        return f"Too many request bytes being processed (limits.max_buffered_bytes={self.limit}); retry later"
+
     def _refuse(self) -> None:
-        raise ResourceExhausted(
-            f"Too many request bytes being processed (limits.max_buffered_bytes={self.limit}); retry later",
-            retry_after=self._retry_after,
-        )
+        raise ResourceExhausted(self.refusal_text, retry_after=self._retry_after)
 
     def release(self, n: int) -> None:
         self.current -= n

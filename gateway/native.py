@@ -118,7 +118,8 @@ def grpc_gate(
     """The native gRPC gate (``native/src/gate.rs``) listening on ``host:port`` in front of the Python gRPC front on
     the Unix socket ``upstream``; None when the native path is off (the Python front, its reference, then listens
     itself). ``whole``: the gate's keyword arguments for the methods it receives whole (``direct``, ``max_message``,
-    ``max_calls``, ``max_bytes``, ``bytes_text``; ``native/src/direct.rs``). Raises OSError when it cannot listen."""
+    ``max_calls``, ``max_bytes``, ``bytes_text``, ``tokens``, ``receive_timeout_s``, ``timeout_text``; see
+    ``GrpcGate`` in ``native/src/gate.rs``). Raises OSError when it cannot listen."""
     mod = _module()
     if mod is None or path() != "native":
         return None

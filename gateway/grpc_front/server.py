@@ -47,6 +47,7 @@ from gateway.grpc_front.servicer import (
     MODEL_SERVICE,
     PREDICTION_SERVICE,
     DirectCalls,
+    body_timeout_text,
     direct_calls,
     generic_handlers,
 )
@@ -139,11 +140,9 @@ class GrpcFront:
         self._gate: Any = None  # embedgate_native.GrpcGate while the gate listens
         self._gate_dir: str | None = None
         self._gate_sync: asyncio.Task[None] | None = None
-        self._direct: DirectCalls | None = None
-        self._dispatcher: threading.Thread | None = None
+        self._dispatcher: threading.Thread | None = None  # while the gate receives calls whole (grpc_direct)
         self._tokens_at = -1  # the Authenticator generation last given to the gate
         self.front = "python"  # what listens on the port: "gate" or "python"
-        self.direct = False  # whether the gate receives calls to TF Serving's services whole (grpc_direct)
 
     def _build(self, core_loop: asyncio.AbstractEventLoop, gated: bool) -> None:
         """The server and its services (on the gRPC loop); ``gated``: behind the native gate, on its Unix socket."""
@@ -260,17 +259,11 @@ class GrpcFront:
                 direct=sorted(direct.methods) if direct is not None else [],
                 max_message=min(s.max_body_bytes, 2**31 - 1),
                 max_calls=max(1, s.max_in_flight),
-                max_bytes=s.limits.max_buffered_bytes,
-                bytes_text=(
-                    "Too many request bytes being processed "
-                    f"(limits.max_buffered_bytes={s.limits.max_buffered_bytes}); retry later"
-                ),
+                max_bytes=self._rt.buffered.limit,
+                bytes_text=self._rt.buffered.refusal_text,
                 tokens=self._rt.auth.tokens() if self._rt.auth is not None else None,
                 receive_timeout_s=s.limits.body_timeout_s,
-                timeout_text=(
-                    f"Request message not received within {s.limits.body_timeout_s:g} s "
-                    "(limits.body_timeout_s)"
-                ),
+                timeout_text=body_timeout_text(s.limits.body_timeout_s),
             )
         except OSError as exc:
             raise RuntimeError(str(exc)) from None
@@ -279,8 +272,6 @@ class GrpcFront:
         self._gate = gate
         self.front = "gate"
         if direct is not None:
-            self._direct = direct
-            self.direct = True
             self._tokens_at = self._rt.auth.generation if self._rt.auth is not None else 0
             self._dispatcher = threading.Thread(
                 target=self._dispatch,
@@ -312,15 +303,16 @@ class GrpcFront:
                 call.respond(14, "The gateway is shutting down; retry")
                 return
 
+    @property
+    def direct(self) -> bool:
+        """Whether the gate receives calls to TF Serving's services whole (``grpc_direct``)."""
+        return self._dispatcher is not None
+
     def _give_tokens(self) -> None:
-        """The tokens file's tokens to the gate when they changed (checked every :data:`_GATE_SYNC_S`)."""
+        """The tokens file's tokens to the gate when they changed (checked every :data:`_GATE_SYNC_S`; without a
+        tokens file the gate was built with none and receives every call's message)."""
         auth = self._rt.auth
-        if self._gate is None or not self.direct:
-            return
-        if auth is None:
-            if self._tokens_at != 0:
-                self._gate.set_tokens(None)
-                self._tokens_at = 0
+        if self._gate is None or not self.direct or auth is None:
             return
         tokens = auth.tokens()  # re-reads the file when due
         if auth.generation != self._tokens_at:

@@ -61,6 +61,7 @@ __all__ = [
     "PREDICTION_SERVICE",
     "DirectCalls",
     "TensorInputs",
+    "body_timeout_text",
     "direct_calls",
     "generic_handlers",
 ]
@@ -173,6 +174,41 @@ class _Servicer:
         self.rt = rt
         self.core_loop = core_loop
         self._receiving = 0  # calls whose message is being read (on the gRPC loop only)
+        # path -> (api label, request message, what answers it): the Python front's handlers and the calls the gate
+        # receives whole are both built from this
+        self.methods: dict[str, tuple[str, type[Message], _Fn]] = {
+            f"/{PREDICTION_SERVICE}/Predict": ("predict", tfs_pb2.PredictRequest, self._predict),
+            f"/{PREDICTION_SERVICE}/Classify": ("classify", tfs_pb2.ClassificationRequest, self._classify),
+            f"/{PREDICTION_SERVICE}/Regress": ("regress", tfs_pb2.RegressionRequest, self._regress),
+            f"/{PREDICTION_SERVICE}/GetModelMetadata": (
+                "metadata",
+                tfs_pb2.GetModelMetadataRequest,
+                self._metadata,
+            ),
+            f"/{MODEL_SERVICE}/GetModelStatus": ("status", tfs_pb2.GetModelStatusRequest, self._status),
+        }
+
+    def deadline(self, left: float | None) -> float:
+        """The monotonic deadline of a call with ``left`` seconds to its client's deadline (None: none set)."""
+        limit = self.rt.settings.request_timeout_s
+        return time.monotonic() + (limit if left is None else min(left, limit))
+
+    def failure(self, api: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
+        """The status and text a call ends with when ``exc`` escaped it: a GatewayError's own (backend addresses
+        removed), else INTERNAL without internals (our bug; its traceback logged)."""
+        if isinstance(exc, GatewayError):
+            return _STATUS.get(int(exc.code), grpc.StatusCode.UNKNOWN), public_message(
+                exc.message, self.rt.targets
+            )
+        log.error("unhandled error", exc_info=exc, extra={"path": f"grpc {api}"})
+        return grpc.StatusCode.INTERNAL, "Internal error; see the gateway log"
+
+    def take(self, raw: bytes, held: list[int]) -> None:
+        """A received message counted, its size reserved in the budget (``held``), its ``model_spec`` sizes checked
+        before a byte of it is copied or parsed."""
+        self.rt.metrics.grpc_request_bytes.inc(len(raw))
+        self._reserve(len(raw), held)
+        check_spec_sizes(raw)
 
     async def _serve(
         self,
@@ -196,9 +232,7 @@ class _Servicer:
         ``x-embedgate-degraded``.
         """
         rt = self.rt
-        left = context.time_remaining()
-        timeout = rt.settings.request_timeout_s if left is None else min(left, rt.settings.request_timeout_s)
-        deadline = time.monotonic() + timeout
+        deadline = self.deadline(context.time_remaining())
         held = [0]  # bytes reserved in rt.buffered, released at the end
         try:
             with rt.track(admit=False, release=False) as call:
@@ -215,10 +249,10 @@ class _Servicer:
                     raise rt.limiter.refuse("receiving")
                 self._receiving += 1
                 try:
-                    raw = await self._read(context, held)
+                    raw = await self._read(context)
                 finally:
                     self._receiving -= 1
-                check_spec_sizes(raw)  # before a byte of it is copied or parsed
+                self.take(raw, held)
                 work = self._core(call, kind, raw, authorization, deadline, fn)
                 resp, degraded = await asyncio.wrap_future(
                     asyncio.run_coroutine_threadsafe(work, self.core_loop)
@@ -226,12 +260,8 @@ class _Servicer:
                 if degraded is not None:
                     context.set_trailing_metadata(((DEGRADED_METADATA_KEY, degraded),))
                 return resp
-        except GatewayError as exc:
-            code = _STATUS.get(int(exc.code), grpc.StatusCode.UNKNOWN)
-            message = public_message(exc.message, rt.targets)  # no backend addresses
-        except Exception:  # our bug: INTERNAL without internals; traceback logged
-            log.exception("unhandled error", extra={"path": f"grpc {api}"})
-            code, message = grpc.StatusCode.INTERNAL, "Internal error; see the gateway log"
+        except Exception as exc:  # noqa: BLE001 - every error becomes the call's status
+            code, message = self.failure(api, exc)
         finally:
             self._release_held(held)
         await context.abort(code, message)
@@ -293,8 +323,9 @@ class _Servicer:
                 raise
             held[0] += n
 
-    async def _read(self, context: grpc.aio.ServicerContext, held: list[int]) -> bytes:
-        """The request message, unparsed, reserved in the budget (its size is only known once gRPC has it all)."""
+    async def _read(self, context: grpc.aio.ServicerContext) -> bytes:
+        """The request message, unparsed, if the budget has room (its size is only known once gRPC has it all;
+        :meth:`take` reserves it)."""
         rt = self.rt
         try:
             rt.buffered.check_room()
@@ -309,13 +340,9 @@ class _Servicer:
         except TimeoutError:
             if not reading.expired():
                 raise
-            raise RequestTimeout(
-                f"Request message not received within {body_timeout:g} s (limits.body_timeout_s)"
-            ) from None
+            raise RequestTimeout(body_timeout_text(rt.settings.limits.body_timeout_s)) from None
         if not isinstance(raw, bytes):  # grpc.aio.EOF: the client half-closed without a message
             raise InvalidArgument("The call carries no request message")
-        rt.metrics.grpc_request_bytes.inc(len(raw))
-        self._reserve(len(raw), held)
         return raw
 
     async def _parse(self, kind: type[_Req], raw: bytes) -> Parsed[_Req]:
@@ -335,14 +362,11 @@ class _Servicer:
             raise Internal("gateway is not started")
         return self.rt.gateway
 
-    async def predict(self, requests: object, context: grpc.aio.ServicerContext) -> bytes:
-        """Predict: a pass-through model's answer is relayed as the backend serialized it, with the client's
-        ModelSpec appended (see :func:`_relayed`); every other answer is built and serialized here."""
-        return await self._serve("predict", tfs_pb2.PredictRequest, context, self._predict)
-
     async def _predict(
         self, request: tfs_pb2.PredictRequest, raw: bytes, deadline: float
     ) -> tuple[bytes, int | None, str | None]:
+        """Predict: a pass-through model's answer is relayed as the backend serialized it, with the client's
+        ModelSpec appended (see :func:`_relayed`); every other answer is built and serialized here."""
         ms = request.model_spec
         wanted = list(request.output_filter)
         inputs = TensorInputs(request.inputs, None if wanted else raw)
@@ -356,9 +380,6 @@ class _Servicer:
             resp.outputs[k].CopyFrom(t)
         return await offload(resp.SerializeToString), res.version, res.degraded
 
-    async def classify(self, requests: object, context: grpc.aio.ServicerContext) -> bytes:
-        return await self._serve("classify", tfs_pb2.ClassificationRequest, context, self._classify)
-
     async def _classify(
         self, request: tfs_pb2.ClassificationRequest, raw: bytes, deadline: float
     ) -> tuple[bytes, int | None, str | None]:
@@ -368,9 +389,6 @@ class _Servicer:
         wire = await offload(_classify_reply, ms.name, res)
         return wire, res.version, res.degraded
 
-    async def regress(self, requests: object, context: grpc.aio.ServicerContext) -> bytes:
-        return await self._serve("regress", tfs_pb2.RegressionRequest, context, self._regress)
-
     async def _regress(
         self, request: tfs_pb2.RegressionRequest, raw: bytes, deadline: float
     ) -> tuple[bytes, int | None, str | None]:
@@ -379,9 +397,6 @@ class _Servicer:
         res = await self._gw.handle(req, deadline)
         wire = await offload(_regress_reply, ms.name, res)
         return wire, res.version, res.degraded
-
-    async def get_model_metadata(self, requests: object, context: grpc.aio.ServicerContext) -> bytes:
-        return await self._serve("metadata", tfs_pb2.GetModelMetadataRequest, context, self._metadata)
 
     async def _metadata(
         self, request: tfs_pb2.GetModelMetadataRequest, raw: bytes, deadline: float
@@ -399,9 +414,6 @@ class _Servicer:
         packed.type_url = SIGNATURE_DEF_MAP_URL
         packed.value = res.signatures.SerializeToString()
         return resp.SerializeToString(), res.version, None
-
-    async def get_model_status(self, requests: object, context: grpc.aio.ServicerContext) -> bytes:
-        return await self._serve("status", tfs_pb2.GetModelStatusRequest, context, self._status)
 
     async def _status(
         self, request: tfs_pb2.GetModelStatusRequest, raw: bytes, deadline: float
@@ -429,21 +441,7 @@ class DirectCalls:
         self._tokens_stale = tokens_stale
         self._calls: dict[asyncio.Task[None], Any] = {}  # in flight, with their DirectCall
         self._sweeper: asyncio.Task[None] | None = None
-        self.methods: dict[str, tuple[str, type[Message], _Fn]] = {
-            f"/{PREDICTION_SERVICE}/Predict": ("predict", tfs_pb2.PredictRequest, servicer._predict),
-            f"/{PREDICTION_SERVICE}/Classify": (
-                "classify",
-                tfs_pb2.ClassificationRequest,
-                servicer._classify,
-            ),
-            f"/{PREDICTION_SERVICE}/Regress": ("regress", tfs_pb2.RegressionRequest, servicer._regress),
-            f"/{PREDICTION_SERVICE}/GetModelMetadata": (
-                "metadata",
-                tfs_pb2.GetModelMetadataRequest,
-                servicer._metadata,
-            ),
-            f"/{MODEL_SERVICE}/GetModelStatus": ("status", tfs_pb2.GetModelStatusRequest, servicer._status),
-        }
+        self.methods = servicer.methods
 
     def start(self, call: Any, raw: bytes | None) -> None:
         """Serve ``call`` (its message ``raw``, None when withheld) in a task; on the gateway's loop."""
@@ -471,9 +469,7 @@ class DirectCalls:
         s = self._s
         rt = s.rt
         api, kind, fn = self.methods[call.path]
-        left = call.time_remaining()
-        timeout = rt.settings.request_timeout_s if left is None else min(left, rt.settings.request_timeout_s)
-        deadline = time.monotonic() + timeout
+        deadline = s.deadline(call.time_remaining())
         authorization = [v.decode("latin-1") for k, v in call.metadata() if k == "authorization"]
         held = [0]
         try:
@@ -484,9 +480,7 @@ class DirectCalls:
                 if raw is None:  # a token the gate did not know yet (the file was re-read meanwhile)
                     self._tokens_stale()
                     raise Unavailable("The gateway was loading new tokens; retry")
-                rt.metrics.grpc_request_bytes.inc(len(raw))
-                s._reserve(len(raw), held)
-                check_spec_sizes(raw)  # before a byte of it is copied or parsed
+                s.take(raw, held)
                 if call.cancelled:
                     raise asyncio.CancelledError
                 resp, degraded = await s._core(tracked, kind, raw, authorization, deadline, fn)
@@ -494,16 +488,18 @@ class DirectCalls:
             trailers = [(DEGRADED_METADATA_KEY, degraded)] if degraded is not None else []
             call.respond(0, "", resp, trailers)
             return
-        except GatewayError as exc:
-            code, message = int(exc.code), public_message(exc.message, rt.targets)
         except asyncio.CancelledError:  # the client went away: no one to answer
             return
-        except Exception:  # our bug: INTERNAL without internals; traceback logged
-            log.exception("unhandled error", extra={"path": f"grpc {api}"})
-            code, message = int(grpc.StatusCode.INTERNAL.value[0]), "Internal error; see the gateway log"
+        except Exception as exc:  # noqa: BLE001 - every error becomes the call's status
+            code, message = s.failure(api, exc)
         finally:
             s._release_held(held)
-        call.respond(code, message)
+        call.respond(int(code.value[0]), message)
+
+
+def body_timeout_text(seconds: float) -> str:
+    """The refusal of a message not received within ``limits.body_timeout_s`` (the Python front's and the gate's)."""
+    return f"Request message not received within {seconds:g} s (limits.body_timeout_s)"
 
 
 def _authorization(context: grpc.aio.ServicerContext) -> list[str]:
@@ -535,16 +531,19 @@ def generic_handlers(rt: Runtime, core_loop: asyncio.AbstractEventLoop) -> tuple
     """Handlers for TF Serving's PredictionService and ModelService.GetModelStatus, answered by ``rt``'s gateway
     (whose event loop is ``core_loop``; the handlers run on the gRPC server's)."""
     s = _Servicer(rt, core_loop)
-    prediction = grpc.method_handlers_generic_handler(
-        PREDICTION_SERVICE,
-        {
-            "Predict": _raw_handler(s.predict),
-            "Classify": _raw_handler(s.classify),
-            "Regress": _raw_handler(s.regress),
-            "GetModelMetadata": _raw_handler(s.get_model_metadata),
-        },
-    )
-    model = grpc.method_handlers_generic_handler(
-        MODEL_SERVICE, {"GetModelStatus": _raw_handler(s.get_model_status)}
-    )
-    return prediction, model
+    services: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+    for path, (api, kind, fn) in s.methods.items():
+        service, method = path.strip("/").split("/")
+        services.setdefault(service, {})[method] = _raw_handler(_handler(s, api, kind, fn))
+    return tuple(grpc.method_handlers_generic_handler(name, methods) for name, methods in services.items())
+
+
+def _handler(
+    s: _Servicer, api: str, kind: type[Message], fn: _Fn
+) -> Callable[[object, grpc.aio.ServicerContext], Awaitable[bytes]]:
+    """The Python front's handler of one method: :meth:`_Servicer._serve` of its message."""
+
+    async def handle(requests: object, context: grpc.aio.ServicerContext) -> bytes:
+        return await s._serve(api, kind, context, fn)
+
+    return handle
