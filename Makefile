@@ -46,7 +46,11 @@ $(GOBIN_DIR)/deploycheck: tools/deploycheck/go.mod tools/deploycheck/go.sum tool
 	cd tools/deploycheck && $(GO_ENV) go build -o $@ .
 
 # Load generators for `make bench`: ghz (gRPC) and vegeta (HTTP), from the Go module proxy into .cache/go-bin.
-bench-tools: $(GOBIN_DIR)/ghz $(GOBIN_DIR)/vegeta
+bench-tools: $(GOBIN_DIR)/ghz $(GOBIN_DIR)/vegeta $(VENV)/bin/py-spy
+
+# the sampling profiler of `benchmarks.gateway_perf_profile --profiler py-spy` and `benchmarks.dlrm_bench --profile py-spy`
+$(VENV)/bin/py-spy: | $(STAMP)
+	$(PY) -m pip install -q py-spy==0.4.3
 
 $(GOBIN_DIR)/ghz:
 	$(GO_ENV) GOBIN=$(GOBIN_DIR) go install github.com/bojand/ghz/cmd/ghz@v0.93.0

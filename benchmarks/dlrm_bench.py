@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.dlrm_bench [--rows 1780000] [--batches 512,2048] [--rounds 3] [--seconds 3]
                                               [--cache-mib 1024] [--write docs/benchmarks.md]
+                                              [--profile perf|py-spy [--profile-seconds 8]]
 
 The model: 13 dense features (bottom MLP 512-256-64) and 26 single-id sparse features, dim 64, over 26 tables with
 Criteo-like cardinalities capped so that they hold ``--rows`` rows in all (default 1.78 M); the bottom output and the
@@ -31,6 +32,10 @@ gRPC (the same bare client; cached and uncached) and REST (vegeta, when ``make b
 serve-local's ``whole``): the malloc setting's A/B in one run; ``--ab-env NAME=VALUE`` starts that second serve-local
 with an environment variable instead (or as well), e.g. ``EMBEDGATE_SERVE_FRONT=python`` for its Python gRPC front. Request bytes are the serialized requests' sizes. Before timing,
 each entry's predictions are checked against the whole model's (printed as the max abs difference).
+
+``--profile``: after each traffic/batch's rounds, the cached gateway's load runs alone for ``--profile-seconds``
+under ``perf`` (the gateway's threads, shared objects and symbols) or ``py-spy --gil`` (the Python frames that held
+the GIL; ``make bench-tools`` installs py-spy), and the report prints where the gateway's CPU went.
 """
 
 from __future__ import annotations
@@ -420,9 +425,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 k: [round(x, 2) for x in v] for k, v in cpu.items()
                             },
                         }
+                        if args.profile and "gateway_grpc_cache" in targets:
+                            load = partial(
+                                split_client,
+                                f"127.0.0.1:{grpc_targets['gateway_grpc_cache']}",
+                                files["gateway_grpc_cache"],
+                                clients=1,
+                                seconds=args.profile_seconds,
+                            )
+                            results[key]["profile_gateway_grpc_cache"] = _profile(
+                                args.profile, load, pids["gateway_grpc_cache"], args.profile_seconds, tmp
+                            )
+                            print(results[key]["profile_gateway_grpc_cache"], file=sys.stderr)
                 report["results"] = results
     report["load_average_end"] = round(os.getloadavg()[0], 1)
     return report
+
+
+def _profile(profiler: str, load: Callable[[], Result], pid: int, seconds: float, tmp: Path) -> str:
+    """Where gateway ``pid``'s CPU goes while ``load`` runs alone (``--profile``): ``perf``: its threads, shared
+    objects and symbols; ``py-spy``: the self and inclusive shares of the Python frames that held the GIL."""
+    from benchmarks.gateway_perf_profile import _perf, _py_spy, _report, collapsed_shares
+
+    data = tmp / f"{profiler}-{pid}-{time.monotonic_ns()}.data"
+    rec = _perf(pid, data, seconds) if profiler == "perf" else _py_spy(pid, data, seconds, gil=True)
+    try:
+        load()
+    finally:
+        rec.wait(timeout=seconds + 120)
+    if not data.exists():
+        return f"{profiler} wrote nothing"
+    if profiler == "py-spy":
+        return collapsed_shares(data)
+    return "\n\n".join(_report(data, sort, 25) for sort in ("comm", "comm,dso", "comm,sym"))
 
 
 def _malloc_args(threshold: int) -> list[str]:
@@ -525,6 +560,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also a serve-local with this environment variable for the whole model and the dlrm entry (columns "
         "whole_ab, dlrm_ab; repeatable), e.g. EMBEDGATE_SERVE_FRONT=python, the Python gRPC front",
     )
+    p.add_argument(
+        "--profile",
+        choices=["perf", "py-spy"],
+        default=None,
+        help="after each traffic/batch's rounds, run the cached gateway's load alone under this profiler and print "
+        "where the gateway's CPU went (issue 17's profile; perf: threads, objects, symbols; py-spy: Python frames)",
+    )
+    p.add_argument("--profile-seconds", type=float, default=8.0, help="how long --profile's load runs")
     p.add_argument(
         "--write", type=Path, default=None, help="rewrite the dlrm_bench section of this Markdown file"
     )

@@ -52,10 +52,11 @@ def _report(data: Path, sort: str, lines: int) -> str:
     return "\n".join([x for x in out.splitlines() if x.strip() and not x.startswith("#")][:lines])
 
 
-def _py_spy(pid: int, data: Path, secs: float) -> subprocess.Popen[bytes]:
-    """``py-spy record`` of ``pid`` for ``secs`` into ``data`` (collapsed stacks), native frames included."""
+def _py_spy(pid: int, data: Path, secs: float, *, gil: bool = False) -> subprocess.Popen[bytes]:
+    """``py-spy record`` of ``pid`` for ``secs`` into ``data`` (collapsed stacks); ``gil``: only the thread holding
+    the GIL is sampled (Python's own CPU, without the threads that wait)."""
     exe = Path(sys.executable).with_name("py-spy")
-    rate = ["-r", "250", "-d", str(int(max(1, secs)))]
+    rate = ["-r", "250", "-d", str(int(max(1, secs)))] + (["--gil"] if gil else [])
     return subprocess.Popen(
         [str(exe), "record", *rate, "-f", "raw", "-o", str(data), "-p", str(pid)],
         stdout=subprocess.DEVNULL,

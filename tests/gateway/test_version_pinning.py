@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -90,6 +91,28 @@ def export_v2(demo_artifacts: Any, root: Path, table: tuple[np.ndarray, np.ndarr
         tables={"user_emb": table},
     )
     assert result.version == 2 and result.manifest.sparse("tags").max_ids == V2_TAGS_MAX_IDS
+
+
+def publish_version(src: Path, dest: Path, version: int) -> None:
+    """Publish ``version`` of model dir ``src`` (exported by :func:`export_v2`) into model dir ``dest`` in the order
+    and with the renames the exporter uses: each PS version dir, the entry's, then the model files and
+    manifest.json. What serve-local and the gateway see is an export's; the rollout test so skips a second export."""
+    from embedgate.export.exporter import ENTRY_DIR
+    from schemas.manifest import MANIFEST_FILE
+
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.publish-", dir=dest.parent))
+    try:
+        subdirs = sorted(d.name for d in src.iterdir() if d.is_dir() and (d / str(version)).is_dir())
+        for s in [d for d in subdirs if d != ENTRY_DIR] + [ENTRY_DIR]:
+            shutil.copytree(src / s / str(version), staging / s)
+            (staging / s).rename(dest / s / str(version))
+        for f in sorted(x for x in src.iterdir() if x.is_file() and x.name != MANIFEST_FILE):
+            shutil.copy2(f, staging / f.name)
+            (staging / f.name).replace(dest / f.name)
+        shutil.copy2(src / MANIFEST_FILE, staging / MANIFEST_FILE)
+        (staging / MANIFEST_FILE).replace(dest / MANIFEST_FILE)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def copy_v1(demo_artifacts: Any, root: Path) -> Path:
@@ -221,7 +244,7 @@ def test_rollout_answers_are_all_v1_or_all_v2_and_v2_manifest_is_used(
 
     try:
         stream.wait_until("a v1 answer", lambda: "v1" in labels(), 60.0)
-        export_v2(demo_artifacts, model_dir.parent, versions.v2_user_table)
+        publish_version(versions.model_dir, model_dir, 2)
         stream.wait_until("a v2 answer", lambda: "v2" in labels(), _SWITCH_TIMEOUT)
         settled = stream.count
         end = time.monotonic() + 60.0
