@@ -30,7 +30,8 @@ gRPC (the same bare client; cached and uncached) and REST (vegeta, when ``make b
 ``--ab-mmap-threshold N`` a second serve-local with ``--malloc_mmap_threshold_bytes=N`` serves the whole model and the
 ``dlrm`` entry too, and its two calls join the rounds (``whole_ab``, ``entry_dlrm_ab``; ratios to the first
 serve-local's ``whole``): the malloc setting's A/B in one run; ``--ab-env NAME=VALUE`` starts that second serve-local
-with an environment variable instead (or as well), e.g. ``EMBEDGATE_SERVE_FRONT=python`` for its Python gRPC front. Request bytes are the serialized requests' sizes. Before timing,
+with an environment variable instead (or as well), e.g. ``EMBEDGATE_SERVE_FRONT=python`` for its Python gRPC front;
+``--gateway-ab-env NAME=VALUE`` adds a second cached gateway with that environment (``gateway_grpc_cache_ab``). Request bytes are the serialized requests' sizes. Before timing,
 each entry's predictions are checked against the whole model's (printed as the max abs difference).
 
 ``--profile``: after each traffic/batch's rounds, the cached gateway's load runs alone for ``--profile-seconds``
@@ -334,32 +335,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
                 broker = stack.enter_context(kafka_broker(tmp / "kafka"))
                 asyncio.run(_create_topic(broker.bootstrap, delta_topic("dlrm"), 2))
-                grpc_targets["gateway_grpc_cache"] = free_port()
                 cache = {"cache": {"max_bytes": args.cache_mib << 20, "bootstrap_servers": broker.bootstrap}}
-                ccfg = _gateway_yaml(
-                    tmp / "cached.yaml",
-                    tmp / "out" / "dlrm",
-                    backend.target,
-                    grpc_targets["gateway_grpc_cache"],
-                    cache,
-                )
-                cgw = stack.enter_context(run_gateway(ccfg))
-                _wait_cache_serving(cgw.url, "dlrm")
-                pids["gateway_grpc_cache"] = cgw.proc.pid
-                if (
-                    args.reference
-                ):  # the same cached gateway on the Python reference path (EMBEDGATE_NATIVE=off)
-                    grpc_targets["gateway_grpc_cache_ref"] = free_port()
-                    rcfg = _gateway_yaml(
-                        tmp / "cached_ref.yaml",
-                        tmp / "out" / "dlrm",
-                        backend.target,
-                        grpc_targets["gateway_grpc_cache_ref"],
-                        cache,
+                cached: dict[str, dict[str, str]] = {"gateway_grpc_cache": {}}
+                if args.reference:  # the same cached gateway on the Python reference path
+                    cached["gateway_grpc_cache_ref"] = {"EMBEDGATE_NATIVE": "off"}
+                if args.gateway_ab_env:  # the same cached gateway with another environment
+                    cached["gateway_grpc_cache_ab"] = dict(a.split("=", 1) for a in args.gateway_ab_env)
+                for name, gw_env in cached.items():
+                    grpc_targets[name] = free_port()
+                    cfg = _gateway_yaml(
+                        tmp / f"{name}.yaml", tmp / "out" / "dlrm", backend.target, grpc_targets[name], cache
                     )
-                    rgw = stack.enter_context(run_gateway(rcfg, env={"EMBEDGATE_NATIVE": "off"}))
-                    _wait_cache_serving(rgw.url, "dlrm")
-                    pids["gateway_grpc_cache_ref"] = rgw.proc.pid
+                    cgw = stack.enter_context(run_gateway(cfg, env=gw_env))
+                    _wait_cache_serving(cgw.url, "dlrm")
+                    pids[name] = cgw.proc.pid
             with stack:
                 results: dict[str, Any] = {}
                 for kind in args.traffic:
@@ -473,8 +462,9 @@ def _table(report: dict[str, Any]) -> str:
         "gateway_grpc_cache",
         "gateway_rest",
     ]
-    if any("gateway_grpc_cache_ref" in r["p50"] for r in report["results"].values()):
-        cols.insert(cols.index("gateway_rest"), "gateway_grpc_cache_ref")
+    for extra in ("gateway_grpc_cache_ref", "gateway_grpc_cache_ab"):
+        if any(extra in r["p50"] for r in report["results"].values()):
+            cols.insert(cols.index("gateway_rest"), extra)
     if any("whole_ab" in r["p50"] for r in report["results"].values()):
         cols += ["whole_ab", "entry_dlrm_ab"]
     head = (
@@ -538,6 +528,14 @@ def main(argv: list[str] | None = None) -> int:
         "--reference",
         action="store_true",
         help="also a cached gateway with EMBEDGATE_NATIVE=off (column gateway_grpc_cache_ref)",
+    )
+    p.add_argument(
+        "--gateway-ab-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="also a cached gateway with this environment variable (column gateway_grpc_cache_ab; repeatable), "
+        "e.g. EMBEDGATE_MALLOC_MMAP_THRESHOLD_BYTES=0, glibc's dynamic thresholds",
     )
     p.add_argument(
         "--mmap-threshold",

@@ -100,6 +100,19 @@ class _Slab:
             )
         return index.slots(np.ascontiguousarray(ids, dtype=np.int64), _MISSING)
 
+    def read(self, ids: np.ndarray, tick: int) -> tuple[np.ndarray, np.ndarray]:
+        """(hit mask bool [n], rows float32 [hits, dim]: a copy of the held rows of the hits, in order) for ``ids``
+        (int64), the k-th hit's slot marked used at ``tick + k``. One native pass with a ``SlotIndex``
+        (``SlotIndex.read``); with a ``dict``, the reference: :meth:`slots`, then numpy's gather."""
+        index = self.index
+        if not isinstance(index, dict):
+            return index.read(np.ascontiguousarray(ids, dtype=np.int64), self.rows, self.used, tick)
+        slots = self.slots(ids)
+        mask = slots != _MISSING
+        held = slots[mask]
+        self.used[held] = np.arange(tick, tick + held.size)
+        return mask, self.rows[held]  # a gather: a copy, not a view
+
     def take(self, id_: int) -> int:
         """A slot for ``id_`` (not held yet)."""
         if self._free:
@@ -331,16 +344,13 @@ class RowCache:
                 if not ids.size:
                     continue
                 slab = self._slabs[table]
-                slots = slab.slots(ids)
-                mask = slots != _MISSING
-                shard_masks[table] = mask
                 asked += ids.size
-                held = slots[mask]
-                if held.size:
-                    slab.used[held] = np.arange(self._tick, self._tick + held.size)
-                    self._tick += held.size
-                    shard_found[table] = slab.rows[held]  # a gather: a copy, not a view
-                    hits += held.size
+                mask, rows = slab.read(ids, self._tick)
+                shard_masks[table] = mask
+                if rows.shape[0]:
+                    self._tick += rows.shape[0]
+                    shard_found[table] = rows
+                    hits += rows.shape[0]
             masks.append(shard_masks)
             found.append(shard_found)
         self.hits += hits

@@ -80,6 +80,7 @@ def _run(args: argparse.Namespace) -> int:
         if overrides:  # flags beat env and file
             settings = settings.model_copy(update=overrides)
         configure_logging(settings.log.format, settings.log.level)
+        malloc = _configure_malloc(settings.malloc_mmap_threshold_bytes)
         if settings.tls is not None:
             _check_server_tls(settings.tls.cert_file, settings.tls.key_file, settings.tls.client_ca_file)
         if settings.backend_tls is not None:
@@ -93,6 +94,7 @@ def _run(args: argparse.Namespace) -> int:
         extra={
             "config": settings.model_dump(mode="json", exclude={"models"}),
             "models": [m.name for m in settings.models],
+            "malloc": malloc,
         },
     )
     if settings.workers > 1:
@@ -106,6 +108,18 @@ def _run(args: argparse.Namespace) -> int:
     # public port (TLS when configured) + ops port when ops_port is set; uvicorn limits from settings.limits
     run(app, settings, **_ssl_args(settings), timeout_graceful_shutdown=10, timeout_keep_alive=75)
     return 0
+
+
+def _configure_malloc(mmap_threshold: int) -> dict[str, int]:
+    """glibc's mmap and trim thresholds for this process (``malloc_mmap_threshold_bytes``; before any thread starts)
+    and, through the environment glibc reads at start, for the worker processes ``workers > 1`` spawns. Returns
+    {glibc variable: value} of what was set here (empty: all from the environment, 0, or not glibc)."""
+    from embedgate.localserve.memory import configure_malloc
+
+    done = configure_malloc(mmap_threshold=mmap_threshold)
+    for name, value in done.items():
+        os.environ.setdefault(name, str(value))
+    return done
 
 
 def _ssl_args(settings: Any) -> dict[str, Any]:

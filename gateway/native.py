@@ -249,8 +249,8 @@ def plan_lookups(
 
 def slot_index() -> dict[int, int] | SlotIndex:
     """A new, empty id -> slot index for one table of the hot-row cache: the native ``SlotIndex`` (a Rust hash map
-    with the ``dict`` methods the cache uses and a bulk ``slots(ids, missing)``) when the native path is on, else a
-    ``dict`` (the reference)."""
+    with the ``dict`` methods the cache uses, a bulk ``slots(ids, missing)`` and ``read``, a (shard, table) read in
+    one pass) when the native path is on, else a ``dict`` (the reference)."""
     mod = _module()
     if mod is None or path() != "native":
         return {}

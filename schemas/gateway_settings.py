@@ -247,6 +247,21 @@ class GatewaySettings(EnvOverFile):
         description="event loop of the REST and ops ports and the gateway core (uvloop: libuv, a cheaper turn of "
         "the loop per request; the gRPC front keeps its own asyncio loop)",
     )
+    malloc_mmap_threshold_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=0,
+        le=32 * 1024 * 1024,
+        description="glibc malloc, set when the process starts: blocks above this many bytes are mmap'ed, smaller "
+        "ones come from the heap and are reused (trim threshold twice it), so a request's buffers (its body, the "
+        "entry request, the rows read) are not faulted in afresh on every request; 0 = glibc's dynamic thresholds; "
+        "MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ in the environment win",
+    )
+    malloc_trim_interval_s: float = Field(
+        2.0,
+        ge=0,
+        description="every this many seconds, return the free memory of glibc's malloc arenas to the OS "
+        "(malloc_trim(0), on a worker thread); 0 = never",
+    )
     request_timeout_s: float = Field(
         30.0,
         gt=0,

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use numpy::{PyArray1, PyReadonlyArray1};
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -297,6 +297,43 @@ impl SlotIndex {
             .map(|id| self.map.get(id).copied().unwrap_or(missing))
             .collect();
         Ok(PyArray1::from_vec(py, out))
+    }
+
+    /// The read path of one (shard, table) in one pass (`gateway.cache.RowCache.get_many`): (hit mask bool [n],
+    /// float32 [hits, dim]: the held rows of `rows` for the hits, in order), and `used[slot]` of the k-th hit set to
+    /// `tick + k` (its LRU tick). `ids` int64 and `rows` float32 [capacity, dim] contiguous; `used` int64 [capacity].
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        ids: PyReadonlyArray1<'py, i64>,
+        rows: PyReadonlyArray2<'py, f32>,
+        mut used: PyReadwriteArray1<'py, i64>,
+        tick: i64,
+    ) -> PyResult<(Bound<'py, PyArray1<bool>>, Bound<'py, PyArray2<f32>>)> {
+        let bad = |what: &str| PyTypeError::new_err(format!("SlotIndex.read: {what} must be contiguous"));
+        let ids = ids.as_slice().map_err(|_| bad("ids"))?;
+        let dim = rows.shape()[1];
+        let capacity = rows.shape()[0];
+        let rows = rows.as_slice().map_err(|_| bad("rows"))?;
+        let used = used.as_slice_mut().map_err(|_| bad("used"))?;
+        if used.len() < capacity {
+            return Err(PyValueError::new_err("SlotIndex.read: used is shorter than rows"));
+        }
+        let mut mask = vec![false; ids.len()];
+        let mut out: Vec<f32> = Vec::with_capacity(ids.len() * dim);
+        let mut k = 0i64;
+        for (hit, id) in mask.iter_mut().zip(ids) {
+            let Some(&slot) = self.map.get(id) else { continue };
+            let slot = usize::try_from(slot).ok().filter(|s| *s < capacity).ok_or_else(|| {
+                PyValueError::new_err(format!("SlotIndex.read: slot {slot} of id {id} is outside the rows"))
+            })?;
+            *hit = true;
+            used[slot] = tick + k;
+            k += 1;
+            out.extend_from_slice(&rows[slot * dim..(slot + 1) * dim]);
+        }
+        let found = PyArray1::from_vec(py, out).reshape([k as usize, dim])?;
+        Ok((PyArray1::from_vec(py, mask), found))
     }
 }
 

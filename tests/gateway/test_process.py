@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,7 @@ def test_gateway_process_end_to_end(
     access = [x for x in lines if x.get("msg") == "request" and x.get("request_id") == "req-42"]
     assert access and access[0]["status"] == 200 and access[0]["path"].endswith(":predict")
     assert not any(x.get("path") in ("/readyz", "/healthz") for x in lines)
+    # glibc's thresholds fixed at start (malloc_mmap_threshold_bytes' default), unless the environment sets them
+    config = next(x for x in lines if x.get("msg") == "config")
+    if not {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"} & set(os.environ):
+        assert config["malloc"] == {"MALLOC_MMAP_THRESHOLD_": 32 << 20, "MALLOC_TRIM_THRESHOLD_": 64 << 20}
