@@ -90,24 +90,17 @@ class _Slab:
         self.index: dict[int, int] | SlotIndex = native.slot_index()
         self._free: list[int] = []
 
-    def slots(self, ids: np.ndarray) -> np.ndarray:
-        """int64 [n]: the slot of each of ``ids`` (int64), :data:`_MISSING` where not held. One native call with a
-        ``SlotIndex``; with a ``dict``, C-level passes (``map`` of ``dict.get``), not a Python loop."""
-        index = self.index
-        if isinstance(index, dict):
-            return np.fromiter(
-                map(index.get, ids.tolist(), itertools.repeat(_MISSING)), dtype=np.int64, count=ids.size
-            )
-        return index.slots(np.ascontiguousarray(ids, dtype=np.int64), _MISSING)
-
     def read(self, ids: np.ndarray, tick: int) -> tuple[np.ndarray, np.ndarray]:
         """(hit mask bool [n], rows float32 [hits, dim]: a copy of the held rows of the hits, in order) for ``ids``
         (int64), the k-th hit's slot marked used at ``tick + k``. One native pass with a ``SlotIndex``
-        (``SlotIndex.read``); with a ``dict``, the reference: :meth:`slots`, then numpy's gather."""
+        (``SlotIndex.read``); with a ``dict``, the reference: each id's slot by C-level passes (``map`` of
+        ``dict.get``, not a Python loop), then numpy's mask, tick assignment and gather."""
         index = self.index
         if not isinstance(index, dict):
             return index.read(np.ascontiguousarray(ids, dtype=np.int64), self.rows, self.used, tick)
-        slots = self.slots(ids)
+        slots = np.fromiter(
+            map(index.get, ids.tolist(), itertools.repeat(_MISSING)), dtype=np.int64, count=ids.size
+        )
         mask = slots != _MISSING
         held = slots[mask]
         self.used[held] = np.arange(tick, tick + held.size)

@@ -94,25 +94,28 @@ def export_v2(demo_artifacts: Any, root: Path, table: tuple[np.ndarray, np.ndarr
 
 
 def publish_version(src: Path, dest: Path, version: int) -> None:
-    """Publish ``version`` of model dir ``src`` (exported by :func:`export_v2`) into model dir ``dest`` in the order
-    and with the renames the exporter uses: each PS version dir, the entry's, then the model files and
-    manifest.json. What serve-local and the gateway see is an export's; the rollout test so skips a second export."""
-    from embedgate.export.exporter import ENTRY_DIR
+    """Publish ``version`` of model dir ``src`` (exported by :func:`export_v2`) into model dir ``dest`` as the
+    exporter does: its version dirs staged, renamed into place by the exporter's own ``_publish_into`` (PS first,
+    the entry last), then the model files and manifest.json each replaced. What serve-local and the gateway see is
+    an export's; the rollout test so skips a second export."""
+    from embedgate.export.exporter import ENTRY_DIR, _publish_into
     from schemas.manifest import MANIFEST_FILE
 
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.publish-", dir=dest.parent))
+    ver = str(version)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.publish-", dir=dest.parent))
     try:
-        subdirs = sorted(d.name for d in src.iterdir() if d.is_dir() and (d / str(version)).is_dir())
-        for s in [d for d in subdirs if d != ENTRY_DIR] + [ENTRY_DIR]:
-            shutil.copytree(src / s / str(version), staging / s)
-            (staging / s).rename(dest / s / str(version))
-        for f in sorted(x for x in src.iterdir() if x.is_file() and x.name != MANIFEST_FILE):
-            shutil.copy2(f, staging / f.name)
-            (staging / f.name).replace(dest / f.name)
-        shutil.copy2(src / MANIFEST_FILE, staging / MANIFEST_FILE)
-        (staging / MANIFEST_FILE).replace(dest / MANIFEST_FILE)
+        stage = tmp / "stage"
+        shards = sorted(d.name for d in src.iterdir() if d.name.startswith("ps_") and (d / ver).is_dir())
+        subdirs = [ENTRY_DIR, *shards]
+        for s in subdirs:
+            shutil.copytree(src / s / ver, stage / s)
+        _publish_into(dest, stage, subdirs, ver, tmp)
+        files = sorted(x for x in src.iterdir() if x.is_file() and x.name != MANIFEST_FILE)
+        for f in [*files, src / MANIFEST_FILE]:  # manifest.json last, as the exporter writes it
+            shutil.copy2(f, tmp / f.name)
+            (tmp / f.name).replace(dest / f.name)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def copy_v1(demo_artifacts: Any, root: Path) -> Path:
