@@ -31,7 +31,8 @@ gRPC (the same bare client; cached and uncached) and REST (vegeta, when ``make b
 ``dlrm`` entry too, and its two calls join the rounds (``whole_ab``, ``entry_dlrm_ab``; ratios to the first
 serve-local's ``whole``): the malloc setting's A/B in one run; ``--ab-env NAME=VALUE`` starts that second serve-local
 with an environment variable instead (or as well), e.g. ``EMBEDGATE_SERVE_FRONT=python`` for its Python gRPC front;
-``--gateway-ab-env NAME=VALUE`` adds a second cached gateway with that environment (``gateway_grpc_cache_ab``). Request bytes are the serialized requests' sizes. Before timing,
+``--gateway-ab-env NAME=VALUE`` adds a second cached gateway and a second uncached one with that environment
+(``gateway_grpc_cache_ab``, ``gateway_grpc_ab``). Request bytes are the serialized requests' sizes. Before timing,
 each entry's predictions are checked against the whole model's (printed as the max abs difference).
 
 ``--profile``: after each traffic/batch's rounds, the cached gateway's load runs alone for ``--profile-seconds``
@@ -330,6 +331,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
             )
             pids["gateway_grpc"] = pids["gateway_rest"] = gw.proc.pid
+            if args.gateway_ab_env:  # the uncached gateway with the other environment too
+                grpc_targets["gateway_grpc_ab"] = free_port()
+                cfg = _gateway_yaml(
+                    tmp / "gw_ab.yaml", tmp / "out" / "dlrm", backend.target, grpc_targets["gateway_grpc_ab"], {}
+                )
+                ab_env = dict(a.split("=", 1) for a in args.gateway_ab_env)
+                pids["gateway_grpc_ab"] = stack.enter_context(run_gateway(cfg, env=ab_env)).proc.pid
             if args.cache_mib:
                 from tests.support.kafka import kafka_broker
 
@@ -462,7 +470,7 @@ def _table(report: dict[str, Any]) -> str:
         "gateway_grpc_cache",
         "gateway_rest",
     ]
-    for extra in ("gateway_grpc_cache_ref", "gateway_grpc_cache_ab"):
+    for extra in ("gateway_grpc_ab", "gateway_grpc_cache_ref", "gateway_grpc_cache_ab"):
         if any(extra in r["p50"] for r in report["results"].values()):
             cols.insert(cols.index("gateway_rest"), extra)
     if any("whole_ab" in r["p50"] for r in report["results"].values()):
@@ -534,8 +542,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="also a cached gateway with this environment variable (column gateway_grpc_cache_ab; repeatable), "
-        "e.g. EMBEDGATE_MALLOC_MMAP_THRESHOLD_BYTES=0, glibc's dynamic thresholds",
+        help="also a cached and an uncached gateway with this environment variable (columns gateway_grpc_cache_ab, "
+        "gateway_grpc_ab; repeatable), e.g. EMBEDGATE_MALLOC_MMAP_THRESHOLD_BYTES=0, glibc's dynamic thresholds",
     )
     p.add_argument(
         "--mmap-threshold",

@@ -24,6 +24,7 @@ from gateway.admission import Admission
 from gateway.auth import Authenticator
 from gateway.backends.channels import channel_credentials, open_channel
 from gateway.backends.client import BackendClient, ReplicaSet
+from gateway.backends.native_client import NativeCalls
 from gateway.core import EmbeddingServable, Gateway, MetadataCache, PassthroughServable, Servable
 from gateway.core.manifests import ManifestStore, manifest_file
 from gateway.core.positions import PositionTracker
@@ -117,6 +118,9 @@ class Runtime:
     targets: tuple[str, ...] = ()  # every configured backend address (removed from client-facing texts)
     gateway: Gateway | None = None
     channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+    native_calls: NativeCalls | None = (
+        None  # backend Predict calls' native client (grpc.native_client), while open
+    )
     grpc_port: int = 0  # the bound gRPC port while the gRPC front runs, else 0
     # the gRPC front while it runs (its ``.front``: "gate", native, or "python", is what listens on grpc_port)
     grpc_front: GrpcFront | None = None
@@ -177,10 +181,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     clients: dict[str, BackendClient] = {}
     creds = channel_credentials(s.backend_tls) if s.backend_tls is not None else None
 
+    calls = _native_calls(s)
+    rt.native_calls = calls
+
     def client(target: str) -> BackendClient:
         if target not in clients:
             rt.channels[target] = open_channel(target, s.grpc, s.backend_tls, creds)
-            clients[target] = BackendClient(target, rt.channels[target], rt.metrics.observe_backend)
+            clients[target] = BackendClient(target, rt.channels[target], rt.metrics.observe_backend, calls)
         return clients[target]
 
     if rt.manifests:  # import the feature/pooling modules now, not on the first request
@@ -256,6 +263,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 "grpc_port": rt.grpc_port,
                 "grpc_front": front.front if front is not None else "",
                 "rest_codec": native.path(),  # "native" (embedgate_native) or "reference" (gateway.native)
+                # "native" (gateway.backends.native_client) or "grpc.aio": what makes the backend Predict calls
+                "backend_client": "native" if rt.native_calls is not None else "grpc.aio",
             },
         )
         yield
@@ -279,12 +288,23 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for ch in rt.channels.values():
             await ch.close()
         rt.channels.clear()
+        if rt.native_calls is not None:
+            rt.native_calls.close()
+            rt.native_calls = None
         rt.gateway = None
         rt.executor.shutdown(wait=False, cancel_futures=True)
         rt.executor = None
         if rt.procs is not None:
             rt.procs.shutdown()
             rt.procs = None
+
+
+def _native_calls(s: GatewaySettings) -> NativeCalls | None:
+    """The native client of backend Predict calls (``grpc.native_client``; plaintext backends, native module)."""
+    if not s.grpc.native_client or s.backend_tls is not None:
+        return None
+    client = native.grpc_client(s.grpc.max_receive_message_bytes)
+    return None if client is None else NativeCalls(client)
 
 
 async def _start_health(rt: Runtime, gw: Gateway) -> asyncio.Task[None]:

@@ -52,7 +52,7 @@ from gateway.errors import InvalidArgument
 from schemas.manifest import FeatureKind
 
 if TYPE_CHECKING:
-    from embedgate_native import CheckedBody, FeatureLayout, GrpcGate, SlotIndex
+    from embedgate_native import CheckedBody, FeatureLayout, GrpcClient, GrpcGate, SlotIndex
 
     from gateway.features import FeatureBatch
     from schemas.gateway_settings import LimitsSettings
@@ -127,6 +127,16 @@ def grpc_gate(
         host, port, upstream, capacity, max_in_flight, max_lag_text, status, **whole
     )
     return gate
+
+
+def grpc_client(max_receive: int) -> GrpcClient | None:
+    """The native gRPC client of backend calls (``native/src/client.rs``; :mod:`gateway.backends.native_client`), or
+    None when the native path is off (``grpc.aio`` makes every call)."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return None
+    client: GrpcClient = mod.GrpcClient(max_receive)
+    return client
 
 
 def predict_tensors(body: bytes, dtypes: Mapping[str, int]) -> tuple[dict[str, np.ndarray], Format] | None:

@@ -53,6 +53,12 @@ class GrpcSettings(_Strict):
     max_send_message_bytes: int = Field(
         512 * 1024 * 1024, gt=0, le=2**31 - 1, description="largest request sent"
     )
+    native_client: bool = Field(
+        True,
+        description="Predict calls to plaintext backends (the entry, the PS lookups, pass-through models) through "
+        "the native HTTP/2 client instead of grpc.aio (when the native module is installed; TLS backends always "
+        "use grpc.aio)",
+    )
     replica_retry_s: float = Field(
         5.0, ge=0, description="a PS replica that answered UNAVAILABLE is skipped for this long"
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -16,6 +16,9 @@ from gateway.backends.errors import map_grpc_errors
 from gateway.errors import Code, DeadlineExceeded, GatewayError, Unavailable
 from schemas.proto import tfs_pb2
 from tfs_grpc.channels import METHODS, stub
+
+if TYPE_CHECKING:
+    from gateway.backends.native_client import NativeCalls
 
 __all__ = ["BackendClient", "CallObserver", "ReplicaSet"]
 
@@ -29,18 +32,44 @@ def _no_observer(target: str, method: str, seconds: float, code: str) -> None:
 
 
 class BackendClient:
-    """Calls on one target's channel (the channel is owned by the lifespan)."""
+    """Calls on one target's channel (the channel is owned by the lifespan). With ``native``, the Predict calls of
+    serialized requests (the entry's, the PS lookups', pass-through forwarding) go through the native client instead
+    (:mod:`gateway.backends.native_client`); every other call through the channel."""
 
-    def __init__(self, target: str, channel: grpc.aio.Channel, observe: CallObserver = _no_observer) -> None:
+    def __init__(
+        self,
+        target: str,
+        channel: grpc.aio.Channel,
+        observe: CallObserver = _no_observer,
+        native: NativeCalls | None = None,
+    ) -> None:
         self.target = target
         self._observe = observe
         self._stubs: dict[str, Callable[..., Any]] = {name: stub(channel, name) for name in METHODS}
         # a Predict on a PS's ``stream_position`` signature, under its own name in the backend call metrics
         self._stubs["StreamPosition"] = self._stubs["Predict"]
         # Predict with serialized messages in and out (pass-through forwarding: no re-serialization)
-        self._predict_bytes = stub(channel, "Predict", serialized=True, serialized_response=True)
+        self._predict_bytes: Callable[..., Any] = stub(
+            channel, "Predict", serialized=True, serialized_response=True
+        )
         # Predict with a serialized request and a parsed answer (the entry's request, framed from the arrays)
-        self._predict_serialized = stub(channel, "Predict", serialized=True)
+        self._predict_serialized: Callable[..., Any] = stub(channel, "Predict", serialized=True)
+        if native is not None:
+            path = METHODS["Predict"][0]
+
+            # ``timeout``: the keyword a grpc.aio stub takes, as :meth:`_call` passes it
+            async def predict_bytes(req: bytes, timeout: float) -> bytes:  # noqa: ASYNC109
+                return await native.unary(target, path, req, timeout)
+
+            async def predict_serialized(req: bytes, timeout: float) -> tfs_pb2.PredictResponse:  # noqa: ASYNC109
+                resp: tfs_pb2.PredictResponse = tfs_pb2.PredictResponse.FromString(
+                    await native.unary(target, path, req, timeout)
+                )
+                return resp
+
+            self._predict_bytes = predict_bytes
+            self._predict_serialized = predict_serialized
+        self.native = native is not None
 
     async def _call(
         self, method: str, request: Any, deadline: float, call: Callable[..., Any] | None = None

@@ -121,15 +121,25 @@ impl Drop for Slot {
     }
 }
 
-/// The one HTTP/2 connection to the Python front, opened again when it breaks. The lock is held only to read or
-/// replace the sender, never while a call waits for the connection to take another stream.
-struct Upstream {
-    path: PathBuf,
+/// An HTTP/2 client connection, opened on first use and again when it breaks (the gate's to the Python front, the
+/// native client's to each backend: src/client.rs). The lock is held only to read or replace the sender, never while
+/// a call waits for the connection to take another stream.
+pub(crate) struct Reconnecting {
     conn: tokio::sync::Mutex<(u64, Option<SendRequest<Bytes>>)>, // (how many times it was opened, the sender)
 }
 
-impl Upstream {
-    async fn sender(&self) -> Result<SendRequest<Bytes>, h2::Error> {
+impl Reconnecting {
+    pub(crate) fn new() -> Reconnecting {
+        Reconnecting { conn: tokio::sync::Mutex::new((0, None)) }
+    }
+
+    /// A sender ready for a new stream: the current connection's, or one `open` makes when it is gone.
+    pub(crate) async fn sender<E, F, Fut>(&self, open: F) -> Result<SendRequest<Bytes>, E>
+    where
+        E: From<h2::Error>,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<SendRequest<Bytes>, E>>,
+    {
         let (opened, current) = {
             let guard = self.conn.lock().await;
             (guard.0, guard.1.clone())
@@ -144,23 +154,41 @@ impl Upstream {
             // another call opened it again meanwhile: use that connection
             if let Some(s) = guard.1.clone() {
                 drop(guard);
-                return s.ready().await;
+                return Ok(s.ready().await?);
             }
         }
-        let io = UnixStream::connect(&self.path).await.map_err(|_| h2::Error::from(Reason::REFUSED_STREAM))?;
-        let (send, conn) = h2::client::Builder::new()
-            .max_frame_size(MAX_FRAME)
-            .initial_window_size(WINDOW)
-            .initial_connection_window_size(CONN_WINDOW)
-            .max_concurrent_reset_streams(4096)
-            .handshake::<_, Bytes>(io)
-            .await?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+        let send = open().await?;
         *guard = (guard.0 + 1, Some(send.clone()));
         drop(guard);
-        send.ready().await
+        Ok(send.ready().await?)
+    }
+}
+
+/// The one HTTP/2 connection to the Python front.
+struct Upstream {
+    path: PathBuf,
+    conn: Reconnecting,
+}
+
+impl Upstream {
+    async fn sender(&self) -> Result<SendRequest<Bytes>, h2::Error> {
+        self.conn
+            .sender(|| async {
+                let io =
+                    UnixStream::connect(&self.path).await.map_err(|_| h2::Error::from(Reason::REFUSED_STREAM))?;
+                let (send, conn) = h2::client::Builder::new()
+                    .max_frame_size(MAX_FRAME)
+                    .initial_window_size(WINDOW)
+                    .initial_connection_window_size(CONN_WINDOW)
+                    .max_concurrent_reset_streams(4096)
+                    .handshake::<_, Bytes>(io)
+                    .await?;
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                Ok(send)
+            })
+            .await
     }
 }
 
@@ -497,7 +525,7 @@ impl GrpcGate {
             }),
             window: stream_window.clamp(WINDOW, (1 << 31) - 1),
         });
-        let up = Arc::new(Upstream { path: PathBuf::from(upstream), conn: tokio::sync::Mutex::new((0, None)) });
+        let up = Arc::new(Upstream { path: PathBuf::from(upstream), conn: Reconnecting::new() });
         let (stop, stop_rx) = watch::channel(false);
         let s = shared.clone();
         let thread = std::thread::Builder::new()

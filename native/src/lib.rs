@@ -22,6 +22,7 @@ mod predict_req;
 mod wire;
 mod gate;
 mod direct;
+mod client;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -419,6 +420,7 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CheckedBody>()?;
     m.add_class::<gate::GrpcGate>()?;
     m.add_class::<direct::DirectCall>()?;
+    m.add_class::<client::GrpcClient>()?;
     response::register(m)?;
     plan::register(m)?;
     pool::register(m)?;

@@ -332,3 +332,5 @@ async def test_startup_log_names_the_path(
     started = [r for r in caplog.records if r.getMessage() == "gateway started"]
     assert len(started) == 1
     assert getattr(started[0], "rest_codec", None) == expected
+    # and what makes the backend Predict calls (tests/gateway/test_native_client.py)
+    assert getattr(started[0], "backend_client", None) == ("native" if expected == "native" else "grpc.aio")
