@@ -334,7 +334,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.gateway_ab_env:  # the uncached gateway with the other environment too
                 grpc_targets["gateway_grpc_ab"] = free_port()
                 cfg = _gateway_yaml(
-                    tmp / "gw_ab.yaml", tmp / "out" / "dlrm", backend.target, grpc_targets["gateway_grpc_ab"], {}
+                    tmp / "gw_ab.yaml",
+                    tmp / "out" / "dlrm",
+                    backend.target,
+                    grpc_targets["gateway_grpc_ab"],
+                    {},
                 )
                 ab_env = dict(a.split("=", 1) for a in args.gateway_ab_env)
                 pids["gateway_grpc_ab"] = stack.enter_context(run_gateway(cfg, env=ab_env)).proc.pid

@@ -98,10 +98,14 @@ def request_scope(
     executor: ThreadPoolExecutor | None,
     body_bytes: int,
     procs: ParsePool | None = None,
+    *,
+    offload_bytes: int | None = None,
 ) -> Iterator[None]:
     """Make ``limits``, ``executor`` and ``procs`` apply to :func:`parse_json` / :func:`offload` /
-    :func:`parse_pool` calls inside the block."""
-    big = executor is not None and body_bytes >= limits.offload_bytes
+    :func:`parse_pool` calls inside the block. The request is large (worked off the loop) from ``offload_bytes``
+    (default ``limits.offload_bytes``)."""
+    threshold = limits.offload_bytes if offload_bytes is None else offload_bytes
+    big = executor is not None and body_bytes >= threshold
     token = _SCOPE.set(_Scope(limits, executor, big, procs))
     try:
         yield

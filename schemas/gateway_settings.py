@@ -111,6 +111,12 @@ class LimitsSettings(_Strict):
         ge=0,
         description="bodies at least this large are parsed on the parse threads, off the loop",
     )
+    plain_offload_bytes: int = Field(
+        1024 * 1024,
+        ge=0,
+        description="a gRPC PredictRequest of numeric tensors only (its parse is a few copies) goes to the parse "
+        "threads from this size instead of offload_bytes: below it, the thread hops cost more than its work",
+    )
     parse_threads: int = Field(2, gt=0, le=64, description="threads parsing large request bodies")
     parse_processes: int = Field(
         1,

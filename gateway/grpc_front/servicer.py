@@ -53,6 +53,7 @@ from schemas.proto import tfs_pb2
 if TYPE_CHECKING:
     from gateway.core.gateway import Gateway
     from gateway.features import FeatureBatch
+    from schemas.gateway_settings import LimitsSettings
     from schemas.manifest import Manifest
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "body_timeout_text",
     "direct_calls",
     "generic_handlers",
+    "offload_threshold",
 ]
 
 log = logging.getLogger("embedgate.gateway")
@@ -291,14 +293,17 @@ class _Servicer:
         (:func:`~gateway.grpc_front.messages.parse_message`; on a parse worker when large), the token checked for
         its model, what its tensors decode to beyond its size reserved too (given back here), then ``fn``. Large messages run in a
         request scope (``gateway.limits.request_scope``): parsing, planning and encoding go to the parse threads.
+        Large is ``limits.offload_bytes``, or ``limits.plain_offload_bytes`` for a plain PredictRequest.
         Returns the reply and the degraded reason (or None); fills in ``call``."""
         rt = self.rt
         ok = False
         extra = [0]  # decoded bytes beyond the message's size, reserved in rt.buffered
         try:
             await call.admit_queued()
-            with request_scope(rt.settings.limits, rt.executor, len(raw), rt.procs):
-                parsed = await self._parse(kind, raw)
+            limits = rt.settings.limits
+            plain, threshold = offload_threshold(kind, raw, limits)
+            with request_scope(limits, rt.executor, len(raw), rt.procs, offload_bytes=threshold):
+                parsed = await self._parse(kind, raw, plain)
                 call.model = parsed.message.model_spec.name
                 if rt.auth is not None:
                     rt.auth.check(authorization, call.model)
@@ -345,14 +350,17 @@ class _Servicer:
             raise InvalidArgument("The call carries no request message")
         return raw
 
-    async def _parse(self, kind: type[_Req], raw: bytes) -> Parsed[_Req]:
+    async def _parse(self, kind: type[_Req], raw: bytes, plain: bool | None = None) -> Parsed[_Req]:
         """``raw`` parsed and checked; a large one is first checked on a parse worker process when there are any
         (a message that does not parse or breaks a limit never holds this process's GIL), then parsed on a parse
         thread. A plain PredictRequest (``gateway.native.plain_predict_request``: numeric tensors only, well-formed,
-        so parsing it is a few copies) skips the worker: its check would cost more than the parse it guards."""
+        so parsing it is a few copies; ``plain``: already known) skips the worker: its check would cost more than
+        the parse it guards."""
         s = self.rt.settings
         procs = parse_pool()
-        if procs is not None and not (kind is tfs_pb2.PredictRequest and native.plain_predict_request(raw)):
+        if plain is None:
+            plain = kind is tfs_pb2.PredictRequest and native.plain_predict_request(raw)
+        if procs is not None and not plain:
             await procs.acall(check_message, kind, raw, s.limits, s.max_body_bytes)
         return await offload(parse_message, kind, raw, s.limits, s.max_body_bytes)
 
@@ -421,6 +429,14 @@ class _Servicer:
         ms = request.model_spec
         resp = await self._gw.handle(StatusRequest(ms.name, _version_spec(ms)), deadline)
         return resp.SerializeToString(), None, None
+
+
+def offload_threshold(kind: type[Message], raw: bytes, limits: LimitsSettings) -> tuple[bool, int]:
+    """Whether ``raw`` is a plain PredictRequest (numeric tensors only, well-formed: its parse is a few copies;
+    ``gateway.native.plain_predict_request``), and the size from which its request is worked off the loop:
+    ``limits.plain_offload_bytes`` if so, else ``limits.offload_bytes``."""
+    plain = kind is tfs_pb2.PredictRequest and native.plain_predict_request(raw)
+    return plain, limits.plain_offload_bytes if plain else limits.offload_bytes
 
 
 class DirectCalls:

@@ -155,3 +155,19 @@ def test_small_and_vectorised_depth_agree(value: Any) -> None:
 def test_public_message_keeps_bracketed_lists() -> None:
     msg = "no version served everywhere (entry: [2]; PS shard 0: [1, 2]; PS shard 1: [1])"
     assert public_message(msg, ["ps-0:8500"]) == msg
+
+
+async def test_request_scope_takes_the_callers_threshold() -> None:
+    """``offload_bytes=`` replaces ``limits.offload_bytes`` for one request (the gRPC front's plain messages)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    def where() -> str:
+        return threading.current_thread().name
+
+    main = threading.current_thread().name
+    with ThreadPoolExecutor(1, thread_name_prefix="parse") as ex:
+        with request_scope(LimitsSettings(offload_bytes=100), ex, 150, offload_bytes=200):
+            assert await offload(where) == main
+        with request_scope(LimitsSettings(offload_bytes=1000), ex, 200, offload_bytes=200):
+            assert (await offload(where)).startswith("parse")

@@ -150,3 +150,28 @@ def test_only_messages_that_are_not_plain_go_to_the_parse_worker(mode: str) -> N
     assert [m.SerializeToString() for m in parsed] == [raw for _, raw in messages]
     sizes = [len(raw) for _, raw in messages]
     assert pool.checked == (sizes[1:] if mode == "auto" else sizes)
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_a_plain_predict_request_is_large_from_plain_offload_bytes(mode: str) -> None:
+    """Where a gRPC request's work runs (``offload_threshold``): a plain PredictRequest goes off the loop from
+    ``limits.plain_offload_bytes``, every other message (and every message with the native path off) from
+    ``limits.offload_bytes``."""
+    from gateway.grpc_front.servicer import offload_threshold
+    from schemas.gateway_settings import LimitsSettings
+
+    limits = LimitsSettings(offload_bytes=1000, plain_offload_bytes=50_000)
+    plain = tfs_pb2.PredictRequest()
+    plain.inputs["x"].CopyFrom(from_ndarray(np.arange(2_000, dtype=np.int64)))
+    strings = tfs_pb2.PredictRequest()
+    strings.inputs["q"].CopyFrom(from_ndarray(np.array([b"a"] * 2_000, dtype=object)))
+    regress = tfs_pb2.RegressionRequest()
+    regress.model_spec.name = "m" * 2_000
+    with native_mode(mode):
+        got = [
+            offload_threshold(tfs_pb2.PredictRequest, plain.SerializeToString(), limits),
+            offload_threshold(tfs_pb2.PredictRequest, strings.SerializeToString(), limits),
+            offload_threshold(tfs_pb2.RegressionRequest, regress.SerializeToString(), limits),
+        ]
+    first = (True, 50_000) if mode == "auto" else (False, 1000)
+    assert got == [first, (False, 1000), (False, 1000)]
