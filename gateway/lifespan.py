@@ -304,7 +304,7 @@ def _native_calls(s: GatewaySettings) -> NativeCalls | None:
     if not s.grpc.native_client or s.backend_tls is not None:
         return None
     client = native.grpc_client(s.grpc.max_receive_message_bytes)
-    return None if client is None else NativeCalls(client)
+    return None if client is None else NativeCalls(client, max_send=s.grpc.max_send_message_bytes)
 
 
 async def _start_health(rt: Runtime, gw: Gateway) -> asyncio.Task[None]:

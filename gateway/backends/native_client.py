@@ -33,10 +33,14 @@ def error_for_status(code: int, details: str) -> GatewayError:
 
 
 class NativeCalls:
-    """Unary calls on ``client`` whose outcomes are settled on ``loop`` (the running loop when made)."""
+    """Unary calls on ``client`` whose outcomes are settled on ``loop`` (the running loop when made); requests
+    longer than ``max_send`` bytes are refused RESOURCE_EXHAUSTED before they are sent."""
 
-    def __init__(self, client: GrpcClient, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self, client: GrpcClient, loop: asyncio.AbstractEventLoop | None = None, max_send: int = 2**31 - 1
+    ) -> None:
         self._client = client
+        self._max_send = max_send
         self._loop = loop or asyncio.get_running_loop()
         self._pending: dict[int, asyncio.Future[bytes]] = {}
         self._fd = client.fileno()
@@ -57,6 +61,11 @@ class NativeCalls:
         """The answer's message of ``path`` on ``target`` (``host:port``) for ``message``, within ``seconds``."""
         if self._closed:
             raise error_for_status(int(Code.UNAVAILABLE), "the gateway's backend client is closed")
+        if len(message) > self._max_send:  # grpc.aio's check (grpc.max_send_message_bytes), in its words
+            raise error_for_status(
+                int(Code.RESOURCE_EXHAUSTED),
+                f"Sent message larger than max ({len(message)} vs. {self._max_send})",
+            )
         token = self._client.call(target, path, message, seconds)
         fut: asyncio.Future[bytes] = self._loop.create_future()
         self._pending[token] = fut

@@ -246,6 +246,31 @@ async def test_answer_over_max_receive_is_resource_exhausted() -> None:
         assert (await nat.predict_serialized(_request("small", 10), _deadline())).model_spec.name == "small"
 
 
+async def test_request_over_max_send_is_refused_before_it_is_sent() -> None:
+    async with _serving(_echo) as srv:
+        client = native.grpc_client(1 << 20)
+        assert client is not None
+        calls = NativeCalls(client, max_send=1000)
+        channel = grpc.aio.insecure_channel(srv.target, options=[("grpc.max_send_message_length", 1000)])
+        try:
+            nat, aio = BackendClient(srv.target, channel, native=calls), BackendClient(srv.target, channel)
+            req = _request("big", 300)
+            errors = []
+            for c in (nat, aio):
+                with pytest.raises(ResourceExhausted) as e:
+                    await c.predict_serialized(req, _deadline())
+                errors.append(e.value.message)
+            assert errors[0] == f"Sent message larger than max ({len(req)} vs. 1000)"
+            assert errors[0] in errors[1]
+            assert srv.calls == 0
+            assert (
+                await nat.predict_serialized(_request("small", 10), _deadline())
+            ).model_spec.name == "small"
+        finally:
+            calls.close()
+            await channel.close()
+
+
 async def test_concurrent_calls_each_get_their_own_answer() -> None:
     async def later(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         name = tfs_pb2.PredictRequest.FromString(request).model_spec.name
