@@ -69,7 +69,6 @@ class BackendClient:
 
             self._predict_bytes = predict_bytes
             self._predict_serialized = predict_serialized
-        self.native = native is not None
 
     async def _call(
         self, method: str, request: Any, deadline: float, call: Callable[..., Any] | None = None

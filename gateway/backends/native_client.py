@@ -4,7 +4,7 @@ One :class:`NativeCalls` per gateway loop: a call hands the serialized request t
 a future; finished calls are announced on a socket the loop watches (``loop.add_reader``), and :meth:`_drain`
 settles their futures on the loop. A cancelled await (deadline, client gone) resets the call's stream. Failures are
 the same :class:`~gateway.errors.GatewayError` a ``grpc.aio`` call would raise
-(:func:`gateway.backends.errors.error_from_rpc`: the backend's status code and details). Used for plaintext
+(:func:`gateway.backends.errors.error_for_status`, which ``error_from_rpc`` uses too). Used for plaintext
 backends only (``grpc.native_client``; TLS backends keep ``grpc.aio``): docs/gateway.md "Backend calls".
 """
 
@@ -13,23 +13,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from gateway.errors import Code, GatewayError, error_for_code
+from gateway.backends.errors import error_for_status
+from gateway.errors import Code
 
 if TYPE_CHECKING:
     from embedgate_native import GrpcClient
 
-__all__ = ["NativeCalls", "error_for_status"]
-
-
-def error_for_status(code: int, details: str) -> GatewayError:
-    """What :func:`gateway.backends.errors.error_from_rpc` makes of a call that ended with ``code`` and ``details``."""
-    try:
-        known = Code(code)
-    except ValueError:
-        known = Code.UNKNOWN
-    if known == Code.OK:
-        known = Code.UNKNOWN
-    return error_for_code(known, details or known.name)
+__all__ = ["NativeCalls"]
 
 
 class NativeCalls:

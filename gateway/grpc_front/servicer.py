@@ -350,16 +350,14 @@ class _Servicer:
             raise InvalidArgument("The call carries no request message")
         return raw
 
-    async def _parse(self, kind: type[_Req], raw: bytes, plain: bool | None = None) -> Parsed[_Req]:
+    async def _parse(self, kind: type[_Req], raw: bytes, plain: bool) -> Parsed[_Req]:
         """``raw`` parsed and checked; a large one is first checked on a parse worker process when there are any
         (a message that does not parse or breaks a limit never holds this process's GIL), then parsed on a parse
         thread. A plain PredictRequest (``gateway.native.plain_predict_request``: numeric tensors only, well-formed,
-        so parsing it is a few copies; ``plain``: already known) skips the worker: its check would cost more than
+        so parsing it is a few copies; ``plain``, from :func:`offload_threshold`) skips the worker: its check would cost more than
         the parse it guards."""
         s = self.rt.settings
         procs = parse_pool()
-        if plain is None:
-            plain = kind is tfs_pb2.PredictRequest and native.plain_predict_request(raw)
         if procs is not None and not plain:
             await procs.acall(check_message, kind, raw, s.limits, s.max_body_bytes)
         return await offload(parse_message, kind, raw, s.limits, s.max_body_bytes)

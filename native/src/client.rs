@@ -38,18 +38,12 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-use crate::gate::{send_all, Reconnecting};
+use crate::direct::{
+    CANCELLED, DEADLINE_EXCEEDED, INTERNAL, PREFIX, RESOURCE_EXHAUSTED, UNAVAILABLE, UNKNOWN,
+};
+use crate::gate::{send_all, Reconnecting, MAX_FRAME};
 
-const PREFIX: usize = 5;
-const MAX_FRAME: u32 = 1 << 20;
 const CONN_WINDOW_FACTOR: u32 = 4;
-
-const CANCELLED: u16 = 1;
-const UNKNOWN: u16 = 2;
-const DEADLINE_EXCEEDED: u16 = 4;
-const RESOURCE_EXHAUSTED: u16 = 8;
-const INTERNAL: u16 = 13;
-const UNAVAILABLE: u16 = 14;
 
 /// How a call ended: its status, details and (status 0) the answer's message.
 struct Done {
@@ -230,7 +224,7 @@ async fn answer(
                     format!("Received message larger than max ({len} vs. {max_receive})"),
                 ));
             }
-            buf.reserve(PREFIX + len - buf.len().min(PREFIX + len));
+            buf.reserve((PREFIX + len).saturating_sub(buf.len()));
             want = Some(PREFIX + len);
         }
         if let Some(w) = want {

@@ -36,14 +36,16 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::gate::{send_all, trailer_map, trailers_only};
 
-const PREFIX: usize = 5; // gRPC message prefix: compressed flag, length (u32, big endian)
+pub(crate) const PREFIX: usize = 5; // gRPC message prefix: compressed flag, length (u32, big endian)
 
-/// gRPC status codes the gate words itself.
-const INVALID_ARGUMENT: u16 = 3;
-const DEADLINE_EXCEEDED: u16 = 4;
-const RESOURCE_EXHAUSTED: u16 = 8;
-const INTERNAL: u16 = 13;
-const UNAVAILABLE: u16 = 14;
+/// gRPC status codes the gate and the native client (src/client.rs) word themselves.
+pub(crate) const CANCELLED: u16 = 1;
+pub(crate) const UNKNOWN: u16 = 2;
+pub(crate) const INVALID_ARGUMENT: u16 = 3;
+pub(crate) const DEADLINE_EXCEEDED: u16 = 4;
+pub(crate) const RESOURCE_EXHAUSTED: u16 = 8;
+pub(crate) const INTERNAL: u16 = 13;
+pub(crate) const UNAVAILABLE: u16 = 14;
 
 /// The answer a worker gives.
 pub(crate) struct Reply {

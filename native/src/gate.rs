@@ -46,7 +46,7 @@ const LOOP_LAG: u8 = 2;
 
 const WINDOW: u32 = 1 << 20; // per stream, both connections (clients' streams: `stream_window`, at least this)
 const CONN_WINDOW: u32 = 1 << 24; // per connection (clients' connections: at least 16 x their stream window)
-const MAX_FRAME: u32 = 1 << 20; // what the gate accepts in one DATA frame (clients may send smaller)
+pub(crate) const MAX_FRAME: u32 = 1 << 20; // what the gate accepts in one DATA frame (clients may send smaller)
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Shared {

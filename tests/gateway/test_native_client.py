@@ -16,7 +16,8 @@ import pytest
 
 from gateway import native
 from gateway.backends.client import BackendClient
-from gateway.backends.native_client import NativeCalls, error_for_status
+from gateway.backends.errors import error_for_status
+from gateway.backends.native_client import NativeCalls
 from gateway.errors import Code, DeadlineExceeded, GatewayError, NotFound, ResourceExhausted, Unavailable
 from schemas.gateway_settings import GrpcSettings
 from schemas.proto import tfs_pb2

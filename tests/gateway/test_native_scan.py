@@ -117,7 +117,7 @@ def test_only_messages_that_are_not_plain_go_to_the_parse_worker(mode: str) -> N
     checked by the worker first. Either way the same message comes out."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from gateway.grpc_front.servicer import _Servicer
+    from gateway.grpc_front.servicer import _Servicer, offload_threshold
     from gateway.limits import request_scope
     from schemas.gateway_settings import LimitsSettings
 
@@ -142,7 +142,8 @@ def test_only_messages_that_are_not_plain_go_to_the_parse_worker(mode: str) -> N
         with ThreadPoolExecutor(1) as executor:
             for kind, raw in messages:
                 with request_scope(limits, executor, len(raw), pool):  # type: ignore[arg-type]
-                    out.append((await servicer._parse(kind, raw)).message)
+                    plain, _ = offload_threshold(kind, raw, limits)
+                    out.append((await servicer._parse(kind, raw, plain)).message)
         return out
 
     with native_mode(mode):
