@@ -386,12 +386,20 @@ def test_deadline_cancels_the_backend_call_and_nothing_follows(tmp_path: Path, b
         assert r.status_code == 504 and "request_timeout_s" in _err(r)
         assert backend.metadata_started.is_set()
         assert backend.metadata_cancelled.wait(_WAIT_S), "the backend call was not cancelled at the deadline"
-        backend.release.set()
-        # A later request to the same backend completes: anything the first one had left would have run by now.
         backend.hold_metadata = False
-        r2 = httpx.post(f"{gw.url}{_PREDICT}", content=b'{"instances": [1.0]}', timeout=_WAIT_S)
-        assert r2.status_code == 200, r2.text
-        assert backend.calls["Predict"] == 1  # only the second request's
+        backend.release.set()
+        time.sleep(0.5)  # room for anything the first request had left to run (it must not)
+        assert backend.calls["Predict"] == 0, "the timed-out request went on to the backend"
+        # A later request to the same backend completes. It has the same 2 s budget, which a loaded machine can
+        # miss; it is asked again then (a bounded number of times), so only a gateway that never answers fails.
+        attempts = 0
+        for attempts in range(1, 4):
+            r2 = httpx.post(f"{gw.url}{_PREDICT}", content=b'{"instances": [1.0]}', timeout=_WAIT_S)
+            if r2.status_code != 504:
+                break
+        log = gw.log_path.read_text(encoding="utf-8", errors="replace")
+        assert r2.status_code == 200, (r2.text, log[-3000:])
+        assert 1 <= backend.calls["Predict"] <= attempts
 
 
 # ---- disconnects and headers --------------------------------------------------------------------------------------
