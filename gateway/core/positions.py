@@ -54,6 +54,9 @@ import asyncio
 import enum
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
 
 from gateway.backends.client import ReplicaSet
 from gateway.codec.tensor import to_ndarray
@@ -175,12 +178,28 @@ def parse_positions(resp: tfs_pb2.PredictResponse) -> dict[str, dict[str, int]]:
         offsets = resp.outputs.get(table + _OFFSETS_SUFFIX)
         if offsets is None:
             continue
-        keys = [
-            k.decode(errors="replace") if isinstance(k, bytes) else str(k) for k in to_ndarray(tensor).ravel()
-        ]
-        values = [int(v) for v in to_ndarray(offsets).ravel()]
+        keys = [k.decode(errors="replace") if isinstance(k, bytes) else str(k) for k in _flat(tensor)]
+        values = [int(v) for v in _flat(offsets)]
         out[table] = dict(zip(keys, values, strict=False))
     return out
+
+
+def _flat(t: tfs_pb2.TensorProto) -> list[Any]:
+    """``t``'s values in order: read straight from ``string_val`` / ``int64_val`` / ``tensor_content`` when they hold
+    one value per element (how serve-local and TF Serving write positions), else through the generic decoder (which
+    also knows a single value filling the shape)."""
+    n = 1
+    for d in t.tensor_shape.dim:
+        n *= d.size
+    if n >= 0:
+        if t.dtype == tfs_pb2.DataType.DT_STRING and len(t.string_val) == n:
+            return list(t.string_val)
+        if t.dtype == tfs_pb2.DataType.DT_INT64:
+            if t.tensor_content and len(t.tensor_content) == 8 * n:
+                return np.frombuffer(t.tensor_content, dtype="<i8").tolist()  # type: ignore[no-any-return]
+            if not t.tensor_content and len(t.int64_val) == n:
+                return list(t.int64_val)
+    return to_ndarray(t).ravel().tolist()
 
 
 _TRANSIENT = (Unavailable, DeadlineExceeded, ResourceExhausted, Cancelled)

@@ -308,6 +308,27 @@ def test_parse_positions_reads_every_table() -> None:
     assert parse_positions(resp) == {"item": {"d:0": 4, "d:1": 9}, "user": {}}
 
 
+def test_parse_positions_reads_every_encoding_of_the_values() -> None:
+    """Offsets in ``tensor_content``, in ``int64_val``, and one ``int64_val`` filling the shape (TF's rule) read
+    alike; keys in ``string_val``."""
+    keys = from_ndarray(np.array([b"d:0", b"d:1"], dtype=object))
+    shape = tfs_pb2.TensorShapeProto(dim=[tfs_pb2.TensorShapeProto.Dim(size=2)])
+    forms = {
+        "content": from_ndarray(np.array([4, -1], dtype=np.int64)),
+        "values": tfs_pb2.TensorProto(dtype=tfs_pb2.DataType.DT_INT64, tensor_shape=shape, int64_val=[4, -1]),
+        "filled": tfs_pb2.TensorProto(dtype=tfs_pb2.DataType.DT_INT64, tensor_shape=shape, int64_val=[7]),
+    }
+    resp = tfs_pb2.PredictResponse()
+    for name, offsets in forms.items():
+        resp.outputs[f"{name}_stream_partitions"].CopyFrom(keys)
+        resp.outputs[f"{name}_stream_offsets"].CopyFrom(offsets)
+    assert parse_positions(resp) == {
+        "content": {"d:0": 4, "d:1": -1},
+        "values": {"d:0": 4, "d:1": -1},
+        "filled": {"d:0": 7, "d:1": 7},
+    }
+
+
 # ---- degraded reasons and the setting ------------------------------------------------------------------------------
 
 
