@@ -33,16 +33,21 @@ from schemas.manifest import (
     EntryInputMode,
     FeatureKind,
     Manifest,
+    entry_model_name,
     lookup_ids_input,
     lookup_values_output,
     ps_dir_name,
+    ps_model_name,
 )
 from schemas.partition import shard_for
-from schemas.wire import Bfloat16Bits
+from schemas.proto import tfs_pb2
+from schemas.wire import predict_request_for
 
 __all__ = ["TOLERANCE", "Reference", "SelfCheckError", "SelfCheckReport", "check_staged", "sample_instances"]
 
 Instances = list[dict[str, Any]]
+
+_NO_IDS = np.zeros(0, np.int64)
 RTOL = 1e-3
 ATOL = 1e-4
 # (rtol, atol relative to max(1, max |output|)) by the least precise row dtype of the model's tables and of the unique_rows entry's wire: float16 rows
@@ -137,30 +142,57 @@ def sample_instances(
 
 
 class _Served:
-    """The staged version loaded with ``tf.saved_model.load``, served as the gateway serves it: the gateway's own
-    padding drop, lookup plan and entry inputs (:mod:`gateway.embedding`: pooled rows, or unique rows + indices),
-    the PS ``lookup`` signature of every shard and the entry signature."""
+    """The staged version loaded as TF Serving loads it (:class:`~embedgate.localserve.servable.Servable`: the
+    ``serve`` MetaGraph in a session, run by its SignatureDefs, as serve-local runs it) and asked with the requests
+    the gateway sends: the gateway's own padding drop, lookup plan and entry inputs (:mod:`gateway.embedding`:
+    pooled rows, or unique rows + indices, in ``row_dtype`` on the wire), each serialized as the gateway serializes
+    it (:func:`schemas.wire.predict_request_for`), the PS ``lookup`` signature of every shard and the entry
+    signature. :meth:`close` when done."""
 
     def __init__(self, stage: Path, manifest: Manifest, mappings: Mapping[str, LookupMapping]) -> None:
-        import tensorflow as tf
+        from embedgate.localserve.servable import Servable
 
         self.manifest = manifest
         self.mappings = mappings
-        self.ps = [tf.saved_model.load(str(stage / ps_dir_name(i))) for i in range(manifest.num_shards)]
-        self.entry = tf.saved_model.load(str(stage / "entry"))
+        self.ps: list[Servable] = []
+        self.entry: Servable | None = None
+        try:
+            for i in range(manifest.num_shards):
+                self.ps.append(
+                    Servable.load(ps_model_name(manifest.model_name, i), 1, stage / ps_dir_name(i))
+                )
+            self.entry = Servable.load(entry_model_name(manifest.model_name), 1, stage / "entry")
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for servable in [*self.ps, *([self.entry] if self.entry is not None else [])]:
+            servable.close()
+        self.ps, self.entry = [], None
+
+    @staticmethod
+    def _predict(
+        servable: Any, signature: str, inputs: Sequence[tuple[str, npt.NDArray[Any]]]
+    ) -> dict[str, npt.NDArray[Any]]:
+        from tensorflow_serving.apis import predict_pb2
+
+        from embedgate.localserve.tensors import decode_tensor
+
+        raw = predict_request_for(tfs_pb2.ModelSpec(name=servable.name, signature_name=signature), inputs)
+        resp = servable.predict(predict_pb2.PredictRequest.FromString(raw))
+        return {k: decode_tensor(v) for k, v in resp.outputs.items()}
 
     def rows(self, table: str, ids: Sequence[int] | npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
-        import tensorflow as tf
-
         m = self.manifest
         arr = np.asarray(ids, np.int64)
         out = np.zeros((len(arr), m.table(table).dim), np.float32)
         shards = shard_for(arr, m.num_shards) if len(arr) else np.zeros(0, np.int64)
         for i, ps in enumerate(self.ps):
             sel = shards == i
-            feeds = {lookup_ids_input(t.name): tf.zeros([0], tf.int64) for t in m.tables}
-            feeds[lookup_ids_input(table)] = tf.constant(arr[sel], tf.int64)
-            out[sel] = ps.signatures[LOOKUP_SIGNATURE](**feeds)[lookup_values_output(table)].numpy()
+            inputs = [(lookup_ids_input(t.name), arr[sel] if t.name == table else _NO_IDS) for t in m.tables]
+            got = self._predict(ps, LOOKUP_SIGNATURE, inputs)[lookup_values_output(table)]
+            out[sel] = np.asarray(got, np.float32).reshape(-1, m.table(table).dim)
         return out
 
     def ids(self, inst: Mapping[str, Any], f: Any) -> tuple[list[int], list[float]]:
@@ -224,16 +256,9 @@ class _Served:
         return {**build(plan, values, batch, self.manifest), **batch.dense}
 
     def outputs(self, instances: Instances) -> dict[str, Any]:
-        import tensorflow as tf
-
-        feeds = {}
-        for k, v in self.entry_inputs(instances).items():
-            if isinstance(v, Bfloat16Bits):
-                feeds[k] = tf.bitcast(tf.constant(v.view(np.ndarray)), tf.bfloat16)
-            else:
-                feeds[k] = tf.constant(v)
-        sig = self.entry.signatures[self.manifest.entry.signature_name]
-        return {k: v.numpy() for k, v in sig(**feeds).items()}
+        assert self.entry is not None, "closed"
+        inputs = sorted(self.entry_inputs(instances).items())
+        return self._predict(self.entry, self.manifest.entry.signature_name, inputs)
 
 
 def check_staged(
@@ -252,6 +277,20 @@ def check_staged(
     ``rows``: table -> (ids, float32 rows) exported, for the row error (up to 64 ids a table are compared).
     """
     served = _Served(stage, manifest, mappings or {})
+    try:
+        return _check(served, manifest, reference, instances, lengths, rows)
+    finally:
+        served.close()
+
+
+def _check(
+    served: _Served,
+    manifest: Manifest,
+    reference: Reference,
+    instances: Instances,
+    lengths: Mapping[str, int] | None,
+    rows: Mapping[str, tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]] | None,
+) -> SelfCheckReport:
     tol = max(
         [TOLERANCE[t.row_dtype] for t in manifest.tables] + [TOLERANCE[manifest.entry.row_dtype.value]],
         key=lambda x: x[0],

@@ -26,7 +26,7 @@ from tests.support.gateway import GatewayProc, run_gateway
 
 pytestmark = pytest.mark.integration
 
-_EXAMPLES = 30  # per operation (x its strategies); derandomized, so every run sends the same requests
+_EXAMPLES = 20  # per operation (x its strategies); derandomized, so every run sends the same requests
 _SETTINGS = settings(
     max_examples=_EXAMPLES,
     deadline=None,
