@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.python.client import pywrap_tf_session as tf_session
+from tensorflow.python.util import deprecation
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -127,7 +128,8 @@ class Servable:
             graph=graph, config=tf.compat.v1.ConfigProto(allow_soft_placement=True)
         )
         try:
-            with graph.as_default():
+            # the loader TF Serving's C++ loader mirrors; its deprecation notice (use tf.saved_model.load) is noise here
+            with graph.as_default(), deprecation.silence():
                 meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(path))
         except BaseException:
             session.close()
