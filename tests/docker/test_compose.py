@@ -129,7 +129,7 @@ def test_docker_build_context_excludes_everything_but_the_sources() -> None:
     allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
     for dockerfile in ("Dockerfile", "Dockerfile.export"):
         for line in (DOCKER / dockerfile).read_text().splitlines():
-            if line.startswith("COPY "):
+            if line.startswith("COPY ") and not line.startswith("COPY --from="):  # --from: another stage's
                 for src in line.split()[1:-1]:
                     assert src in allowed, f"{dockerfile} copies {src}, which .dockerignore excludes"
 
@@ -140,3 +140,24 @@ def test_gateway_config_serves_the_ports_compose_publishes() -> None:
     gateway = GatewaySettings(**yaml.safe_load((DOCKER / "config" / "gateway.yaml").read_text()))
     published = {p.split(":")[-1] for p in _compose()["services"]["gateway"]["ports"]}
     assert published == {str(gateway.port), str(gateway.grpc_port)} == {"8500", "8501"}
+
+
+def test_the_gateway_image_builds_and_installs_the_native_module() -> None:
+    """docker/Dockerfile's first stage builds native/ into a wheel from Cargo.lock and the image installs it, so
+    production runs the native path (the build itself needs a Docker engine; ``make install`` builds the same crate
+    from the same lock file)."""
+    stages: list[list[str]] = []
+    for line in (DOCKER / "Dockerfile").read_text().splitlines():
+        if line.startswith("FROM "):
+            stages.append([])
+        if stages:
+            stages[-1].append(line)
+    assert len(stages) == 2, "a build stage for native/, then the image"
+    build, image = ("\n".join(stage) for stage in stages)
+    assert build.splitlines()[0].endswith(" AS native")
+    assert "COPY native ./native" in build
+    assert "maturin build --release --locked --manifest-path native/Cargo.toml --out /wheels" in build
+    assert (ROOT / "native" / "Cargo.lock").exists()
+    assert "COPY --from=native /wheels /wheels" in image
+    assert "pip install /wheels/*.whl ." in image
+    assert "rust" not in image.splitlines()[0], "the toolchain stays in the build stage"
