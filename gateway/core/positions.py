@@ -53,12 +53,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from gateway.backends.client import ReplicaSet
+from gateway.codec.numeric import numeric_ndarray
 from gateway.codec.tensor import to_ndarray
 from gateway.errors import Cancelled, DeadlineExceeded, GatewayError, ResourceExhausted, Unavailable
 from schemas.manifest import STREAM_POSITION_SIGNATURE
@@ -185,20 +185,17 @@ def parse_positions(resp: tfs_pb2.PredictResponse) -> dict[str, dict[str, int]]:
 
 
 def _flat(t: tfs_pb2.TensorProto) -> list[Any]:
-    """``t``'s values in order: read straight from ``string_val`` / ``int64_val`` / ``tensor_content`` when they hold
-    one value per element (how serve-local and TF Serving write positions), else through the generic decoder (which
-    also knows a single value filling the shape)."""
-    n = 1
-    for d in t.tensor_shape.dim:
-        n *= d.size
-    if n >= 0:
-        if t.dtype == tfs_pb2.DataType.DT_STRING and len(t.string_val) == n:
-            return list(t.string_val)
-        if t.dtype == tfs_pb2.DataType.DT_INT64:
-            if t.tensor_content and len(t.tensor_content) == 8 * n:
-                return np.frombuffer(t.tensor_content, dtype="<i8").tolist()  # type: ignore[no-any-return]
-            if not t.tensor_content and len(t.int64_val) == n:
-                return list(t.int64_val)
+    """``t``'s values in order: offsets through the hot path's numeric fast path
+    (:func:`~gateway.codec.numeric.numeric_ndarray`), keys straight from ``string_val`` when it holds one value per
+    element (how serve-local and TF Serving write positions), anything else through the generic decoder (which also
+    knows a single value filling the shape)."""
+    fast = numeric_ndarray(t)
+    if fast is not None:
+        return fast.ravel().tolist()
+    shape = t.tensor_shape
+    strings = t.dtype == tfs_pb2.DataType.DT_STRING and not shape.unknown_rank
+    if strings and len(t.string_val) == math.prod(d.size for d in shape.dim):
+        return list(t.string_val)
     return to_ndarray(t).ravel().tolist()
 
 
