@@ -53,6 +53,13 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway import native
+from schemas.manifest import (
+    FeatureKind,
+    entry_index_input,
+    entry_rows_input,
+    entry_splits_input,
+    entry_weights_input,
+)
 
 __all__ = [
     "ROW_OVERHEAD",
@@ -73,6 +80,7 @@ _EVICT_EXTRA: Final = 32  # an eviction also drops 1/_EVICT_EXTRA of the rows he
 _NEVER: Final = np.iinfo(np.int64).max  # no expiring row held
 _UNKNOWN: Final = -(2**62)  # no write time known
 _MAX_SLACK_MS: Final = 60_000
+_Wire = bytes  # a serialized message (inside RowCache, ``bytes`` names its byte count)
 
 
 class _Slab:
@@ -172,6 +180,8 @@ if TYPE_CHECKING:
     from embedgate_native import SlotIndex
 
     from gateway.core.requests import VersionSpec
+    from gateway.features import FeatureBatch
+    from schemas.manifest import Manifest
 
 
 @dataclass(frozen=True, eq=False)
@@ -352,6 +362,58 @@ class RowCache:
             self._m.hits.labels(self.model).inc(hits)
             self._m.misses.labels(self.model).inc(asked - hits)
         return masks, found, asked - hits
+
+    def cached_entry_request(self, head: _Wire, batch: FeatureBatch, manifest: Manifest) -> _Wire | None:
+        """The serialized ``PredictRequest`` of a ``unique_rows`` float32 entry for ``batch`` (``head``: its
+        ``model_spec`` field) when every row it reads is cached, written natively in one call
+        (:func:`gateway.native.cached_entry_request`), counted as hits and ticked as :meth:`get_many` would; None
+        when a row is missing (nothing counted or ticked), the native path is off, or the manifest's tables are not
+        this cache's. What the general path gives for the same state (plan, :meth:`get_many`,
+        ``gateway.embedding.entry_request``): the same bytes, ticks and counts."""
+        slabs = self._slabs
+        if any(t.name not in slabs or slabs[t.name].rows.shape[1] != t.dim for t in manifest.tables):
+            return None
+        position = {t.name: k for k, t in enumerate(manifest.tables)}
+        read = {f.table for f in manifest.sparse_features}
+        features: list[
+            tuple[int, np.ndarray, str, tuple[str, np.ndarray] | None, tuple[str, np.ndarray | None] | None]
+        ] = []
+        for f in manifest.sparse_features:
+            sparse = batch.sparse[f.name]
+            multi = f.kind is FeatureKind.MULTI
+            w = sparse.weights
+            features.append(
+                (
+                    position[f.table],
+                    np.ascontiguousarray(sparse.ids, dtype=np.int64),
+                    entry_index_input(f.name),
+                    (entry_splits_input(f.name), np.ascontiguousarray(sparse.row_splits, dtype=np.int64))
+                    if multi
+                    else None,
+                    (entry_weights_input(f.name), None if w is None else np.ascontiguousarray(w, np.float32))
+                    if f.weights
+                    else None,
+                )
+            )
+        tables = [
+            (
+                entry_rows_input(t.name) if t.name in read else None,
+                slabs[t.name].index,
+                slabs[t.name].rows,
+                slabs[t.name].used,
+            )
+            for t in manifest.tables
+        ]
+        dense = [(k, np.ascontiguousarray(a, dtype=np.float32)) for k, a in batch.dense.items()]
+        done = native.cached_entry_request(head, features, tables, dense, manifest.num_shards, self._tick)
+        if done is None:
+            return None
+        wire, hits = done
+        self._tick += hits
+        self.hits += hits
+        if self._m is not None:
+            self._m.hits.labels(self.model).inc(hits)
+        return wire
 
     def lru_order(self) -> list[tuple[str, int]]:
         """(table, id) of every row held, least recently used first (for tests and debugging; linear)."""
@@ -590,6 +652,18 @@ class CachedRowSource:
     def __init__(self, inner: RowSource, cache: RowCache) -> None:
         self.inner = inner
         self.cache = cache
+
+    def cached_entry_request(
+        self, head: bytes, batch: FeatureBatch, manifest: Manifest, version: VersionSpec
+    ) -> bytes | None:
+        """:meth:`RowCache.cached_entry_request` when a lookup at ``version`` may use the cache (as :meth:`lookup`
+        decides, expired rows swept first), else None: the request of a batch whose every row is cached, with no
+        plan or PS call made in Python."""
+        cache = self.cache
+        if not cache.serving or version.label is not None or not cache.accepts_version(version.version):
+            return None
+        cache.sweep()
+        return cache.cached_entry_request(head, batch, manifest)
 
     async def lookup(
         self, shard_ids: Sequence[Mapping[str, np.ndarray]], version: VersionSpec, deadline: float

@@ -30,6 +30,11 @@ It writes the entry's serialized ``PredictRequest`` in one pass (:func:`entry_re
 ``tests/gateway/test_native_entry.py``) and tells the gRPC front which large PredictRequests are plain enough to
 parse in process without the parse worker's check (:func:`plain_predict_request`; ``tests/gateway/test_native_scan.py``).
 
+A gRPC Predict's features are read from the request's bytes (:func:`tensor_features`, ``native/src/tensor_features.rs``;
+reference ``gateway.grpc_front.features.batch_from_tensors``, ``tests/gateway/test_native_tensor_features.py``), and
+a batch whose every row the hot-row cache holds has its plan, cache read and entry request done in one call
+(:func:`cached_entry_request`, ``native/src/hot.rs``; reference: the general path, ``tests/gateway/test_native_hot.py``).
+
 :func:`grpc_gate` starts the native gRPC gate on the gateway's gRPC port (``native/src/gate.rs``): it refuses overload
 without Python and relays every other call to the Python gRPC front, which stays the reference
 (``grpc_front: python``; ``tests/gateway/test_grpc_gate.py``).
@@ -61,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ENV",
     "available",
+    "cached_entry_request",
     "check_predict",
     "checked_tensors",
     "classify_response",
@@ -76,6 +82,7 @@ __all__ = [
     "request_features",
     "rest_batch",
     "slot_index",
+    "tensor_features",
 ]
 
 ENV: Final = (
@@ -348,6 +355,24 @@ def request_features(source: CheckedBody | bytes, manifest: Manifest) -> tuple[F
     return _feature_batch(done, manifest)
 
 
+def tensor_features(raw: bytes, manifest: Manifest) -> FeatureBatch | None:
+    """The feature batch of a serialized gRPC ``PredictRequest`` for an embedding model, read natively from its
+    bytes (``native/src/tensor_features.rs``); None when the native path is off or leaves the request to the
+    reference (any error, inputs other than ``tensor_content`` tensors of int32/int64 ids and float32 values, a
+    model with string features). The batch equals ``gateway.grpc_front.features.batch_from_tensors`` of the parsed
+    request's inputs (``map_lookups`` included)."""
+    mod = _module()
+    if mod is None or path() != "native" or not hasattr(mod, "tensor_features"):
+        return None
+    layout = _feature_layout(mod, manifest)
+    if layout is None:
+        return None
+    done = mod.tensor_features(raw, layout)
+    if done is None:
+        return None
+    return _feature_batch(done, manifest)[0]
+
+
 def rest_batch(
     body: bytes, manifest: Manifest, limits: LimitsSettings
 ) -> tuple[str, FeatureBatch, Format] | None:
@@ -413,6 +438,40 @@ def entry_request(
     ]
     wire: bytes = mod.entry_request(head, args)
     return wire
+
+
+def cached_entry_request(
+    head: bytes,
+    features: list[
+        tuple[int, np.ndarray, str, tuple[str, np.ndarray] | None, tuple[str, np.ndarray | None] | None]
+    ],
+    tables: list[tuple[str | None, SlotIndex | dict[int, int], np.ndarray, np.ndarray]],
+    dense: list[tuple[str, np.ndarray]],
+    num_shards: int,
+    tick: int,
+) -> tuple[bytes, int] | None:
+    """A ``unique_rows`` entry's serialized ``PredictRequest`` when the hot-row cache holds every row the batch reads
+    (native/src/hot.rs: plan, slab reads with their LRU ticks from ``tick`` on, and the request, in one call), with
+    the number of rows read; None on any miss (nothing changed) or when the native path is off or a table's index is
+    the ``dict`` reference. Arrays must be C-contiguous: ids and row splits int64, weights, rows and dense float32,
+    LRU ticks int64 (written).
+
+    ``features``: per sparse feature in the manifest's order, (its table's position in ``tables``, ids, ``index__``
+    name, (``splits__`` name, row splits) of a multi feature, (``weights__`` name, weights or None for all ones) of
+    a feature with weights); ``tables``: per table of the manifest, (``rows__`` name when a feature reads it, its
+    slab's index, rows, ticks); ``dense``: (name, float32 array) in the batch's order."""
+    mod = _module()
+    if mod is None or path() != "native" or not hasattr(mod, "cached_entry_request"):
+        return None
+    native_tables = []
+    for name, index, rows, used in tables:
+        if isinstance(index, dict):
+            return None
+        native_tables.append((name, index, rows, used))
+    done: tuple[bytes, int] | None = mod.cached_entry_request(
+        head, features, native_tables, dense, num_shards, tick
+    )
+    return done
 
 
 def plain_predict_request(raw: bytes) -> bool:

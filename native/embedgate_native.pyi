@@ -130,3 +130,20 @@ class GrpcClient:
     def drain(self) -> list[tuple[int, int, str, bytes | None]]: ...
     def running(self) -> int: ...
     def close(self) -> None: ...
+
+# native/src/hot.rs: the all-cached read path of a unique_rows entry in one call
+def cached_entry_request(
+    head: bytes,
+    features: list[
+        tuple[int, np.ndarray, str, tuple[str, np.ndarray] | None, tuple[str, np.ndarray | None] | None]
+    ],
+    tables: list[tuple[str | None, SlotIndex, np.ndarray, np.ndarray]],
+    dense: list[tuple[str, np.ndarray]],
+    num_shards: int,
+    tick: int,
+) -> tuple[bytes, int] | None: ...
+
+# native/src/tensor_features.rs: gRPC Predict features of an embedding model, from the request's bytes
+def tensor_features(
+    raw: bytes, layout: FeatureLayout
+) -> tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]] | None: ...

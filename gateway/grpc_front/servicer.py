@@ -87,13 +87,18 @@ class TensorInputs:
     """Predict inputs that arrived as TensorProtos: forwarded as they are, or read as embedding features.
 
     ``wire``: the client's serialized PredictRequest when a pass-through model may forward it as it is (no
-    ``output_filter``: the gateway applies that one itself), else None."""
+    ``output_filter``: the gateway applies that one itself), else None. ``raw``: that request whatever its filter
+    (default ``wire``), read natively for an embedding model's features when it can be
+    (:func:`gateway.native.tensor_features`; else the reference reads ``tensors``)."""
 
     typed = True
 
-    def __init__(self, tensors: Mapping[str, tfs_pb2.TensorProto], wire: bytes | None = None) -> None:
+    def __init__(
+        self, tensors: Mapping[str, tfs_pb2.TensorProto], wire: bytes | None = None, raw: bytes | None = None
+    ) -> None:
         self._tensors = tensors
         self.wire = wire
+        self._raw = wire if raw is None else raw
 
     def tensors(self, dtypes: Mapping[str, int] | None) -> dict[str, tfs_pb2.TensorProto]:
         return dict(self._tensors)
@@ -101,6 +106,10 @@ class TensorInputs:
     def features(self, manifest: Manifest) -> FeatureBatch:
         from gateway.grpc_front.features import batch_from_tensors
 
+        if self._raw is not None:
+            fast = native.tensor_features(self._raw, manifest)
+            if fast is not None:
+                return fast
         return batch_from_tensors(self._tensors, manifest)
 
 
@@ -375,7 +384,7 @@ class _Servicer:
         ModelSpec appended (see :func:`_relayed`); every other answer is built and serialized here."""
         ms = request.model_spec
         wanted = list(request.output_filter)
-        inputs = TensorInputs(request.inputs, None if wanted else raw)
+        inputs = TensorInputs(request.inputs, None if wanted else raw, raw)
         req = PredictRequest(ms.name, _version_spec(ms), ms.signature_name, inputs)
         res = await self._gw.handle(req, deadline)
         if res.wire is not None and not wanted:

@@ -44,7 +44,7 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 
 /// One input's framing up to its `tensor_content` bytes: the map entry's tag and length, key, value tag and length,
 /// dtype, shape, and the content tag and length (left out, as protobuf leaves out an empty field, when `nbytes` is 0).
-fn framing(name: &str, dtype: i32, shape: &[i64], nbytes: usize) -> Vec<u8> {
+pub(crate) fn framing(name: &str, dtype: i32, shape: &[i64], nbytes: usize) -> Vec<u8> {
     let mut meta = Vec::with_capacity(32 + 4 * shape.len());
     meta.push(DTYPE);
     put_varint(&mut meta, dtype as i64 as u64); // enum values are int32, negative ones sign-extended

@@ -23,6 +23,8 @@ mod wire;
 mod gate;
 mod direct;
 mod client;
+mod hot;
+mod tensor_features;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -429,5 +431,7 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     entry::register(m)?;
     scan::register(m)?;
     predict_req::register(m)?;
+    hot::register(m)?;
+    tensor_features::register(m)?;
     Ok(())
 }

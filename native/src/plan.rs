@@ -30,7 +30,7 @@ fn mix64(id: i64) -> u64 {
 
 /// Hashes one i64 key with mix64: ids are often dense small integers, which the table's probing needs spread.
 #[derive(Default)]
-struct IdHasher(u64);
+pub(crate) struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -46,15 +46,15 @@ impl Hasher for IdHasher {
     }
 }
 
-type IdMap<V> = HashMap<i64, V, BuildHasherDefault<IdHasher>>;
+pub(crate) type IdMap<V> = HashMap<i64, V, BuildHasherDefault<IdHasher>>;
 
 /// The plan of one batch: `grouped` (every (shard, table) group's unique ids, groups in (shard, table) order),
 /// `bounds` (group g is `grouped[bounds[g]..bounds[g + 1]]`, g = shard * num_tables + table) and `rows` (per id of
 /// every feature in feature order, its row in its table's answers).
-struct Plan {
-    grouped: Vec<i64>,
-    bounds: Vec<i64>,
-    rows: Vec<i32>,
+pub(crate) struct Plan {
+    pub(crate) grouped: Vec<i64>,
+    pub(crate) bounds: Vec<i64>,
+    pub(crate) rows: Vec<i32>,
 }
 
 /// Deduplicates i64 ids: an open-addressing table (linear probing, power-of-two capacity, at most half full)
@@ -151,7 +151,7 @@ fn order_by_shard(dedup: &Dedup, num_shards: usize) -> (Vec<(u32, i64)>, Vec<i32
     (sorted, row_of)
 }
 
-fn plan(features: &[&[i64]], tables: &[usize], num_tables: usize, num_shards: usize) -> Plan {
+pub(crate) fn plan(features: &[&[i64]], tables: &[usize], num_tables: usize, num_shards: usize) -> Plan {
     let total: usize = features.iter().map(|f| f.len()).sum();
     let mut rows = vec![0i32; total];
     let mut offsets = Vec::with_capacity(features.len());
@@ -243,7 +243,7 @@ pub fn plan_lookups<'py>(
 #[pyclass(module = "embedgate_native")]
 #[derive(Default)]
 pub struct SlotIndex {
-    map: IdMap<i64>,
+    pub(crate) map: IdMap<i64>,
 }
 
 #[pymethods]

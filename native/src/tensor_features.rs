@@ -1,0 +1,144 @@
+//! gRPC Predict features of an embedding model, read from the serialized `PredictRequest` -> the arrays of a
+//! `gateway.features.FeatureBatch`, by the rules of the reference `gateway.grpc_front.features.batch_from_tensors`
+//! (before `map_lookups`, which the caller runs), without protobuf's parse of the tensors or numpy's per-tensor work.
+//!
+//! It answers only requests whose every input is a `tensor_content` tensor of exactly its shape's bytes
+//! (`predict_req::split`) and that the reference accepts as they are: ids int64 or int32, weights and dense values
+//! float32, every feature of the manifest present once and nothing else, one row per example, single features
+//! `[B]` or `[B, 1]`, multi features `[B, L]` padded with -1 and within `max_ids`, weights of the ids' shape and
+//! finite where they count, dense `[B, dim]` (or `[B]` for dim 1). Anything else (every error, other dtypes, packed
+//! `*_val` fields, strings) returns None and the reference runs, so every error text is the reference's.
+
+use pyo3::prelude::*;
+
+use crate::features::{to_python, Arrays, FeatureLayout, Parsed, Role, SparseOut};
+use crate::predict_req::{split, Content};
+use crate::wire::Reader;
+
+const DT_FLOAT: i32 = 1;
+const DT_INT32: i32 = 3;
+const DT_INT64: i32 = 9;
+const PAD_ID: i64 = -1;
+
+fn ids_of(raw: &[u8], c: &Content) -> Option<Vec<i64>> {
+    let data = &raw[c.3..c.3 + c.4];
+    Some(match c.1 {
+        DT_INT64 => data.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect(),
+        DT_INT32 => data.chunks_exact(4).map(|b| i64::from(i32::from_le_bytes(b.try_into().unwrap()))).collect(),
+        _ => return None,
+    })
+}
+
+fn floats_of(raw: &[u8], c: &Content) -> Option<Vec<f32>> {
+    if c.1 != DT_FLOAT {
+        return None;
+    }
+    let data = &raw[c.3..c.3 + c.4];
+    Some(data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
+}
+
+/// Pure: the batch of `raw` for `layout`, or None when the reference must decide (module docs).
+fn parse(raw: &[u8], layout: &FeatureLayout) -> Option<Parsed> {
+    if layout.ambiguous {
+        return None;
+    }
+    let (rest, contents) = split(raw)?;
+    let mut r = Reader::new(&rest);
+    while !r.done() {
+        let (number, wire) = r.tag()?;
+        if number == 2 {
+            return None; // an input that is not a content tensor
+        }
+        r.skip(wire)?;
+    }
+    let (ns, nd) = (layout.sparse.len(), layout.dense.len());
+    let mut ids: Vec<Option<&Content>> = vec![None; ns];
+    let mut weights: Vec<Option<&Content>> = vec![None; ns];
+    let mut dense: Vec<Option<&Content>> = vec![None; nd];
+    for c in &contents {
+        let slot = match layout.role(c.0.as_bytes(), 0)?.0 {
+            Role::Ids(k) => &mut ids[k],
+            Role::Weights(k) => &mut weights[k],
+            Role::Dense(k) => &mut dense[k],
+        };
+        *slot = Some(c);
+    }
+    let ids: Vec<&Content> = ids.into_iter().collect::<Option<_>>()?;
+    let dense: Vec<&Content> = dense.into_iter().collect::<Option<_>>()?;
+    let first = ids.first().or(dense.first())?;
+    let size = usize::try_from(*first.2.first()?).ok()?;
+    if size == 0 || contents.iter().any(|c| c.2.first().copied() != Some(size as i64)) {
+        return None;
+    }
+    let mut sparse = Vec::with_capacity(ns);
+    for (k, f) in layout.sparse.iter().enumerate() {
+        let c = ids[k];
+        let values = ids_of(raw, c)?;
+        let w = match weights[k] {
+            Some(wc) if wc.2 == c.2 => Some(floats_of(raw, wc)?),
+            Some(_) => return None,
+            None => None,
+        };
+        let out = if !f.multi {
+            if c.2.len() > 2 || (c.2.len() == 2 && c.2[1] != 1) {
+                return None;
+            }
+            if w.as_ref().is_some_and(|w| !w.iter().all(|x| x.is_finite())) {
+                return None;
+            }
+            SparseOut { ids: values, splits: (0..=size as i64).collect(), weights: w }
+        } else {
+            if c.2.len() != 2 {
+                return None;
+            }
+            let width = usize::try_from(c.2[1]).ok()?;
+            let mut kept = Vec::with_capacity(values.len());
+            let mut kept_w = w.as_ref().map(|_| Vec::with_capacity(values.len()));
+            let mut splits = Vec::with_capacity(size + 1);
+            splits.push(0i64);
+            for (i, row) in values.chunks_exact(width).enumerate() {
+                let before = kept.len();
+                for (j, &id) in row.iter().enumerate() {
+                    if id == PAD_ID {
+                        continue;
+                    }
+                    kept.push(id);
+                    if let (Some(out), Some(w)) = (kept_w.as_mut(), w.as_ref()) {
+                        let x = w[i * width + j];
+                        if !x.is_finite() {
+                            return None;
+                        }
+                        out.push(x);
+                    }
+                }
+                if f.max_ids.is_some_and(|m| kept.len() - before > m) {
+                    return None;
+                }
+                splits.push(kept.len() as i64);
+            }
+            SparseOut { ids: kept, splits, weights: kept_w }
+        };
+        sparse.push(out);
+    }
+    let mut dense_out = Vec::with_capacity(nd);
+    for (c, (_, dim)) in dense.iter().zip(&layout.dense) {
+        let plain = c.2.len() == 2 && c.2[1] == *dim as i64;
+        if !(plain || (c.2.len() == 1 && *dim == 1)) {
+            return None;
+        }
+        dense_out.push(floats_of(raw, c)?);
+    }
+    Some(Parsed { row: false, size, sparse, dense: dense_out })
+}
+
+/// The features of a serialized `PredictRequest` (`row` is always False), or None: run the reference. Read without
+/// the GIL.
+#[pyfunction]
+fn tensor_features<'py>(py: Python<'py>, raw: &[u8], layout: &FeatureLayout) -> PyResult<Option<Arrays<'py>>> {
+    let parsed = py.allow_threads(|| parse(raw, layout));
+    to_python(py, layout, parsed)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(tensor_features, m)?)
+}
