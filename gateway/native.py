@@ -82,6 +82,7 @@ __all__ = [
     "request_features",
     "rest_batch",
     "slot_index",
+    "spec_too_long",
     "tensor_features",
 ]
 
@@ -472,6 +473,18 @@ def cached_entry_request(
         head, features, native_tables, dense, num_shards, tick
     )
     return done
+
+
+def spec_too_long(raw: bytes, max_bytes: int, limit: int) -> tuple[int, int] | Literal[False] | None:
+    """The first ``model_spec`` string of the serialized request ``raw`` longer than ``max_bytes``, read natively
+    from the wire format (native/src/spec_sizes.rs; reference
+    ``gateway.grpc_front.messages.check_spec_sizes_reference``, reading at most ``limit`` fields per level): (its
+    field number in ``ModelSpec``, its size), False when there is none, None when the native path is off."""
+    mod = _module()
+    if mod is None or path() != "native" or not hasattr(mod, "spec_too_long"):
+        return None
+    found: tuple[int, int] | None = mod.spec_too_long(raw, max_bytes, limit)
+    return False if found is None else found
 
 
 def plain_predict_request(raw: bytes) -> bool:

@@ -147,3 +147,6 @@ def cached_entry_request(
 def tensor_features(
     raw: bytes, layout: FeatureLayout
 ) -> tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]] | None: ...
+
+# native/src/spec_sizes.rs: a request's model_spec string sizes, from the wire format
+def spec_too_long(raw: bytes, max_bytes: int, limit: int) -> tuple[int, int] | None: ...

@@ -37,6 +37,7 @@ __all__ = [
     "check_examples",
     "check_message",
     "check_spec_sizes",
+    "check_spec_sizes_reference",
     "check_tensor",
     "parse_message",
 ]
@@ -184,7 +185,28 @@ def check_spec_sizes(raw: bytes) -> None:
     ``model_spec`` as field 1. Without it, a 60 MB model name was copied, pickled, parsed and decoded before the
     gateway could answer NOT_FOUND, each step holding the interpreter for tens of milliseconds (``/healthz`` waited
     0.3-0.6 s). Reads at most :data:`_SCAN_FIELDS` top-level fields and the spec's own; whatever it cannot read is
-    left to the parser, which words the error."""
+    left to the parser, which words the error. Read natively when the native path is on
+    (``gateway.native.spec_too_long``, native/src/spec_sizes.rs: 6 µs for a message of 39 inputs, against 58 µs), else by
+    :func:`check_spec_sizes_reference`; the same answer for every message (``tests/gateway/test_grpc_messages.py``)."""
+    from gateway import native
+
+    found = native.spec_too_long(raw, MAX_NAME_BYTES, _SCAN_FIELDS)
+    if found is None:
+        check_spec_sizes_reference(raw)
+    elif found:
+        number, size = found
+        raise InvalidArgument(_spec_too_long_text(_SPEC_STRINGS[number], size))
+
+
+def _spec_too_long_text(field: str, size: int) -> str:
+    return (
+        f"model_spec.{field} is {size:,} bytes long; at most {MAX_NAME_BYTES:,} (no model, signature or version "
+        "label served has a longer one)"
+    )
+
+
+def check_spec_sizes_reference(raw: bytes) -> None:
+    """:func:`check_spec_sizes` in Python (the reference of the native reading)."""
     spec = None
     for number, start, end in _length_fields(raw, 0, len(raw), _SCAN_FIELDS):
         if number == 1:
@@ -194,10 +216,7 @@ def check_spec_sizes(raw: bytes) -> None:
     for number, start, end in _length_fields(raw, spec[0], spec[1], _SCAN_FIELDS):
         field = _SPEC_STRINGS.get(number)
         if field is not None and end - start > MAX_NAME_BYTES:
-            raise InvalidArgument(
-                f"model_spec.{field} is {end - start:,} bytes long; at most {MAX_NAME_BYTES:,} (no model, signature "
-                "or version label served has a longer one)"
-            )
+            raise InvalidArgument(_spec_too_long_text(field, end - start))
 
 
 def _length_fields(buf: bytes, pos: int, end: int, limit: int) -> list[tuple[int, int, int]]:

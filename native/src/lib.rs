@@ -25,6 +25,7 @@ mod direct;
 mod client;
 mod hot;
 mod tensor_features;
+mod spec_sizes;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -433,5 +434,6 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     predict_req::register(m)?;
     hot::register(m)?;
     tensor_features::register(m)?;
+    spec_sizes::register(m)?;
     Ok(())
 }

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway import native
 from gateway.errors import InvalidArgument, PayloadTooLarge
 from gateway.grpc_front.messages import (
     MAX_NAME_BYTES,
@@ -21,6 +22,7 @@ from gateway.grpc_front.messages import (
 )
 from schemas.gateway_settings import LimitsSettings
 from schemas.proto import tfs_pb2
+from tests.support.native import native_mode
 
 _LIMITS = LimitsSettings(max_instances=1000, max_ids_per_feature=50)
 _MAX_BODY = 1 << 20
@@ -172,3 +174,71 @@ def test_spec_sizes_leave_what_they_cannot_read_to_the_parser(raw: bytes) -> Non
         check_spec_sizes(raw)
     except InvalidArgument as exc:  # only for a readable spec with a long string, which 64 bytes cannot hold
         pytest.fail(str(exc))
+
+
+def _spec_outcome(raw: bytes, mode: str) -> str | None:
+    with native_mode(mode):
+        try:
+            check_spec_sizes(raw)
+        except InvalidArgument as exc:
+            return exc.message
+    return None
+
+
+_LONG = st.integers(4094, 4098).map(lambda n: b"x" * n)
+_FIELD = st.one_of(
+    st.tuples(st.sampled_from([1, 2, 3, 4, 5, 9]), st.just(2), st.binary(max_size=8) | _LONG),
+    st.tuples(st.integers(1, 20), st.sampled_from([0, 1, 5]), st.binary(min_size=8, max_size=8)),
+    st.tuples(st.integers(1, 20), st.sampled_from([3, 6, 7]), st.just(b"")),
+)
+
+
+def _varint(value: int) -> bytes:
+    out = b""
+    while value >= 0x80:
+        out += bytes([value & 0x7F | 0x80])
+        value >>= 7
+    return out + bytes([value])
+
+
+def _wire(fields: list[tuple[int, int, bytes]]) -> bytes:
+    """Fields framed by hand: length-delimited values with their length, fixed and varint values as they are."""
+    out = b""
+    for number, wire, value in fields:
+        out += _varint(number << 3 | wire)
+        if wire == 2:
+            out += _varint(len(value)) + value
+        elif wire == 0:
+            out += bytes([value[0] & 0x7F])
+        elif wire == 1:
+            out += value
+        elif wire == 5:
+            out += value[:4]
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    spec=st.lists(st.tuples(st.sampled_from([1, 3, 4]), st.just(2), _LONG) | _FIELD, max_size=5),
+    before=st.lists(_FIELD, max_size=70),
+    after=st.lists(_FIELD, max_size=3),
+    cut=st.sampled_from([None, None, None]) | st.integers(0, 9000),
+    junk=st.binary(max_size=64),
+)
+def test_spec_sizes_read_natively_equal_the_reference(
+    spec: list[tuple[int, int, bytes]],
+    before: list[tuple[int, int, bytes]],
+    after: list[tuple[int, int, bytes]],
+    cut: int | None,
+    junk: bytes,
+) -> None:
+    """The native reading (native/src/spec_sizes.rs) and the reference give the same refusal or none, on messages
+    with long and short spec strings, unknown and fixed-width fields, more fields than are read, several specs,
+    truncation and arbitrary bytes."""
+    if not native.available() or not hasattr(native._module(), "spec_too_long"):
+        pytest.skip("embedgate_native is not built with the spec reading (make install)")
+    raw = _wire([*before, (1, 2, _wire(spec)), *after])
+    if cut is not None:
+        raw = raw[:cut]
+    for message in (raw, junk, junk + raw):
+        assert _spec_outcome(message, "auto") == _spec_outcome(message, "off")
