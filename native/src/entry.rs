@@ -114,8 +114,8 @@ pub fn entry_request<'py>(
         total += frame.len() + nbytes;
         pieces.push((frame, slices));
     }
-    PyBytes::new_with(py, total, |buf: &mut [u8]| {
-        py.allow_threads(|| {
+    fresh_bytes(py, total, |buf: &mut [u8]| {
+        {
             let mut at = 0;
             let mut put = |bytes: &[u8]| {
                 buf[at..at + bytes.len()].copy_from_slice(bytes);
@@ -128,9 +128,28 @@ pub fn entry_request<'py>(
                     put(s);
                 }
             }
-        });
-        Ok(())
+            assert_eq!(at, total, "entry_request: the request's size was miscounted");
+        }
     })
+}
+
+/// A new `bytes` object of `len` bytes, filled by `fill` without the GIL and without zeroing it first
+/// (`PyBytes::new_with` would: a second pass over a multi-megabyte request). `fill` must write every byte.
+pub(crate) fn fresh_bytes<'py>(
+    py: Python<'py>,
+    len: usize,
+    fill: impl FnOnce(&mut [u8]) + Send,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let n = isize::try_from(len).map_err(|_| PyValueError::new_err("request too large"))?;
+    // SAFETY: a new bytes object of `len` bytes, uninitialised and seen by no other thread until it is returned;
+    // `fill` writes every byte before Python sees it (the callers write exactly the sizes they summed).
+    unsafe {
+        let ptr = pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), n);
+        let obj = Bound::from_owned_ptr_or_err(py, ptr)?;
+        let data = pyo3::ffi::PyBytes_AsString(obj.as_ptr()) as usize;
+        py.allow_threads(move || fill(std::slice::from_raw_parts_mut(data as *mut u8, len)));
+        Ok(obj.downcast_into_unchecked::<PyBytes>())
+    }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

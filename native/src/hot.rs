@@ -20,7 +20,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::entry::framing;
+use crate::entry::{framing, fresh_bytes};
 use crate::plan::{plan, SlotIndex};
 
 // tensorflow/core/framework/types.proto
@@ -193,8 +193,8 @@ pub fn cached_entry_request<'py>(
     for &(t, _) in &gathers {
         total += slots[t].len() * dims[t] * 4;
     }
-    let wire = PyBytes::new_with(py, total, |buf: &mut [u8]| {
-        py.allow_threads(|| {
+    let wire = fresh_bytes(py, total, |buf: &mut [u8]| {
+        {
             let mut out = 0usize;
             let mut put = |bytes: &[u8]| {
                 buf[out..out + bytes.len()].copy_from_slice(bytes);
@@ -214,8 +214,8 @@ pub fn cached_entry_request<'py>(
                     put(part);
                 }
             }
-        });
-        Ok(())
+            assert_eq!(out, total, "cached_entry_request: the request's size was miscounted");
+        }
     })?;
     Ok(Some((wire, reads.len())))
 }
