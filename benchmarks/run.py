@@ -44,6 +44,8 @@ BENCHMARKS: dict[str, tuple[list[str], float]] = {
         600.0,
     ),
     "dlrm_bench": (["--rounds", "3", "--seconds", "3", "--write", "docs/benchmarks.md"], 2400.0),
+    # issue 17: the cached gRPC path's native steps against what they replace, in-process (prints its table; ~1 min)
+    "dlrm_stages": ([], 600.0),
     "probe_stall_bench": (
         ["--instances", "170000", "--runs", "3", "--write", "docs/benchmarks.md"],
         600.0,

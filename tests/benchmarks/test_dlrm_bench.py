@@ -54,3 +54,19 @@ def test_the_table_names_every_column(tmp_path: Path) -> None:
     doc = tmp_path / "b.md"
     write_section(doc, dlrm_bench.BEGIN, dlrm_bench.END, text, "## DLRM entry modes")
     assert dlrm_bench.BEGIN in doc.read_text()
+
+
+def test_the_stage_table_checks_both_variants_and_names_every_stage() -> None:
+    import argparse
+
+    import pytest
+
+    from benchmarks import dlrm_stages
+    from gateway import native
+
+    if native.path() != "native":
+        pytest.skip("embedgate_native is not built (make install)")
+    args = argparse.Namespace(rows=20_000, batches="64", traffic="one_user,random", rounds=2, reps=2)
+    lines = dlrm_stages.run(args)  # asserts both variants of each stage give the same result
+    rows = [line for line in lines if line.startswith(("| one_user/64", "| random/64"))]
+    assert [r.split(" | ")[1] for r in rows] == ["spec sizes", "features", "read path"] * 2
