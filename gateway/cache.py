@@ -54,6 +54,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway import native
 from schemas.manifest import (
+    EntryRowDtype,
     FeatureKind,
     entry_index_input,
     entry_rows_input,
@@ -81,6 +82,10 @@ _NEVER: Final = np.iinfo(np.int64).max  # no expiring row held
 _UNKNOWN: Final = -(2**62)  # no write time known
 _MAX_SLACK_MS: Final = 60_000
 _Wire = bytes  # a serialized message (inside RowCache, ``bytes`` names its byte count)
+_ROW_DTYPES: Final = {
+    EntryRowDtype.FLOAT32: 1,
+    EntryRowDtype.BFLOAT16: 14,
+}  # entry rows the native writer takes
 
 
 class _Slab:
@@ -364,7 +369,8 @@ class RowCache:
         return masks, found, asked - hits
 
     def cached_entry_request(self, head: _Wire, batch: FeatureBatch, manifest: Manifest) -> _Wire | None:
-        """The serialized ``PredictRequest`` of a ``unique_rows`` float32 entry for ``batch`` (``head``: its
+        """The serialized ``PredictRequest`` of a ``unique_rows`` entry for ``batch`` (rows in float32 or bfloat16;
+        None for float16) (``head``: its
         ``model_spec`` field) when every row it reads is cached, written natively in one call
         (:func:`gateway.native.cached_entry_request`), counted as hits and ticked as :meth:`get_many` would; None
         when a row is missing (nothing counted or ticked), the native path is off, or the manifest's tables are not
@@ -405,7 +411,12 @@ class RowCache:
             for t in manifest.tables
         ]
         dense = [(k, np.ascontiguousarray(a, dtype=np.float32)) for k, a in batch.dense.items()]
-        done = native.cached_entry_request(head, features, tables, dense, manifest.num_shards, self._tick)
+        row_dtype = _ROW_DTYPES.get(manifest.entry.row_dtype)
+        if row_dtype is None:
+            return None
+        done = native.cached_entry_request(
+            head, features, tables, dense, manifest.num_shards, self._tick, row_dtype
+        )
         if done is None:
             return None
         wire, hits = done

@@ -450,6 +450,7 @@ def cached_entry_request(
     dense: list[tuple[str, np.ndarray]],
     num_shards: int,
     tick: int,
+    row_dtype: int = 1,
 ) -> tuple[bytes, int] | None:
     """A ``unique_rows`` entry's serialized ``PredictRequest`` when the hot-row cache holds every row the batch reads
     (native/src/hot.rs: plan, slab reads with their LRU ticks from ``tick`` on, and the request, in one call), with
@@ -460,7 +461,8 @@ def cached_entry_request(
     ``features``: per sparse feature in the manifest's order, (its table's position in ``tables``, ids, ``index__``
     name, (``splits__`` name, row splits) of a multi feature, (``weights__`` name, weights or None for all ones) of
     a feature with weights); ``tables``: per table of the manifest, (``rows__`` name when a feature reads it, its
-    slab's index, rows, ticks); ``dense``: (name, float32 array) in the batch's order."""
+    slab's index, rows, ticks); ``dense``: (name, float32 array) in the batch's order; ``row_dtype``: the rows'
+    ``DataType`` on the wire, ``DT_FLOAT`` (1) or ``DT_BFLOAT16`` (14, rounded as ``schemas.wire.bfloat16_bits``)."""
     mod = _module()
     if mod is None or path() != "native" or not hasattr(mod, "cached_entry_request"):
         return None
@@ -470,7 +472,7 @@ def cached_entry_request(
             return None
         native_tables.append((name, index, rows, used))
     done: tuple[bytes, int] | None = mod.cached_entry_request(
-        head, features, native_tables, dense, num_shards, tick
+        head, features, native_tables, dense, num_shards, tick, row_dtype
     )
     return done
 

@@ -141,6 +141,7 @@ def cached_entry_request(
     dense: list[tuple[str, np.ndarray]],
     num_shards: int,
     tick: int,
+    row_dtype: int,
 ) -> tuple[bytes, int] | None: ...
 
 # native/src/tensor_features.rs: gRPC Predict features of an embedding model, from the request's bytes

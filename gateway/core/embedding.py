@@ -182,14 +182,14 @@ class EmbeddingServable(Servable):
         self, spec_msg: tfs_pb2.ModelSpec, batch: FeatureBatch, spec: VersionSpec, manifest: Manifest
     ) -> bytes | None:
         """The entry request written in one native call when the hot-row cache holds every row ``batch`` reads
-        and the entry takes float32 unique rows (:meth:`gateway.cache.CachedRowSource.cached_entry_request`); else
+        and the entry takes float32 or bfloat16 unique rows (:meth:`gateway.cache.CachedRowSource.cached_entry_request`); else
         None and :meth:`run_now` takes the general path, which gives the same request."""
         entry = manifest.entry
         rows = self.rows
         if (
             not isinstance(rows, CachedRowSource)
             or entry.input_mode is not EntryInputMode.UNIQUE_ROWS
-            or entry.row_dtype is not EntryRowDtype.FLOAT32
+            or entry.row_dtype is EntryRowDtype.FLOAT16
         ):
             return None
         head = tfs_pb2.PredictRequest(model_spec=spec_msg).SerializeToString()

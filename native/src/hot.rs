@@ -12,6 +12,7 @@
 //! * a table's `rows__<table>` rows are its unique ids sorted by (shard, id), the plan's row numbering;
 //! * the k-th row read gets the tick `tick + k`, reads going shard by shard and, within a shard, table by table in
 //!   the manifest's order (`RowCache.get_many` over the plan's `shard_ids`);
+//! * rows go as float32 or as bfloat16 (`entry.row_dtype`), rounded as `schemas.wire.bfloat16_bits` rounds them;
 //! * inputs: `rows__<table>` for each table a sparse feature reads (manifest order), then per sparse feature its
 //!   `index__`, `splits__` (multi) and `weights__` (features with weights), then the dense features.
 
@@ -26,6 +27,18 @@ use crate::plan::{plan, SlotIndex};
 // tensorflow/core/framework/types.proto
 const DT_FLOAT: i32 = 1;
 const DT_INT32: i32 = 3;
+const DT_BFLOAT16: i32 = 14;
+
+/// float32 -> bfloat16 bits, to nearest with ties to even, NaN kept NaN (quiet, sign kept): TensorFlow's cast, and
+/// `schemas.wire.bfloat16_bits` (the reference) bit for bit.
+#[inline]
+fn bfloat16(x: f32) -> u16 {
+    let u = x.to_bits();
+    if x.is_nan() {
+        return ((u >> 16) | 0x40) as u16;
+    }
+    (u.wrapping_add(0x7fff).wrapping_add((u >> 16) & 1) >> 16) as u16
+}
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("tensor_content is little-endian: this writer copies native memory as is");
@@ -74,8 +87,14 @@ pub fn cached_entry_request<'py>(
     dense: Vec<(String, PyReadonlyArrayDyn<'py, f32>)>,
     num_shards: usize,
     tick: i64,
+    row_dtype: i32,
 ) -> PyResult<Option<(Bound<'py, PyBytes>, usize)>> {
     let num_tables = tables.len();
+    let row_width = match row_dtype {
+        DT_FLOAT => 4,
+        DT_BFLOAT16 => 2,
+        _ => return Err(PyValueError::new_err("cached_entry_request: rows go as float32 or bfloat16")),
+    };
     if num_shards == 0 || features.iter().any(|f| f.0 >= num_tables) {
         return Err(PyValueError::new_err("cached_entry_request: a table index or num_shards out of range"));
     }
@@ -164,7 +183,7 @@ pub fn cached_entry_request<'py>(
         if let Some(name) = &table.0 {
             let shape = [slots[t].len() as i64, dims[t] as i64];
             gathers.push((t, pieces.len()));
-            pieces.push((framing(name, DT_FLOAT, &shape, slots[t].len() * dims[t] * 4), Vec::new()));
+            pieces.push((framing(name, row_dtype, &shape, slots[t].len() * dims[t] * row_width), Vec::new()));
         }
     }
     let mut at = 0usize;
@@ -191,7 +210,7 @@ pub fn cached_entry_request<'py>(
         total += frame.len() + parts.iter().map(|p| p.len()).sum::<usize>();
     }
     for &(t, _) in &gathers {
-        total += slots[t].len() * dims[t] * 4;
+        total += slots[t].len() * dims[t] * row_width;
     }
     let wire = fresh_bytes(py, total, |buf: &mut [u8]| {
         {
@@ -206,8 +225,17 @@ pub fn cached_entry_request<'py>(
                 put(frame);
                 if let Some(&(t, _)) = next_gather.next_if(|g| g.1 == p) {
                     let d = dims[t];
+                    let mut half = vec![0u8; 2 * d];
                     for &slot in &slots[t] {
-                        put(bytes_of(&rows[t][slot * d..(slot + 1) * d]));
+                        let row = &rows[t][slot * d..(slot + 1) * d];
+                        if row_dtype == DT_FLOAT {
+                            put(bytes_of(row));
+                        } else {
+                            for (pair, &x) in half.chunks_exact_mut(2).zip(row) {
+                                pair.copy_from_slice(&bfloat16(x).to_le_bytes());
+                            }
+                            put(&half);
+                        }
                     }
                 }
                 for part in parts {
@@ -227,6 +255,17 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bfloat16_rounds_to_nearest_even_and_keeps_nan() {
+        assert_eq!(bfloat16(1.0), 0x3f80);
+        assert_eq!(bfloat16(f32::from_bits(0x3f80_8000)), 0x3f80); // a tie, to the even one
+        assert_eq!(bfloat16(f32::from_bits(0x3f81_8000)), 0x3f82); // a tie, to the even one (up)
+        assert_eq!(bfloat16(f32::from_bits(0x3f80_8001)), 0x3f81);
+        assert_eq!(bfloat16(f32::INFINITY), 0x7f80);
+        assert_eq!(bfloat16(f32::from_bits(0x7f7f_ffff)), 0x7f80); // the largest float rounds to infinity
+        assert_eq!(bfloat16(f32::from_bits(0xff80_0001)), 0xffc0); // a signalling NaN comes out quiet, sign kept
+    }
 
     #[test]
     fn bytes_of_is_little_endian_tensor_content() {
