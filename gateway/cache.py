@@ -54,6 +54,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway import native
 from schemas.manifest import (
+    EntryInputMode,
     EntryRowDtype,
     FeatureKind,
     entry_index_input,
@@ -369,13 +370,15 @@ class RowCache:
         return masks, found, asked - hits
 
     def cached_entry_request(self, head: _Wire, batch: FeatureBatch, manifest: Manifest) -> _Wire | None:
-        """The serialized ``PredictRequest`` of a ``unique_rows`` entry for ``batch`` (rows in float32 or bfloat16;
-        None for float16) (``head``: its
-        ``model_spec`` field) when every row it reads is cached, written natively in one call
-        (:func:`gateway.native.cached_entry_request`), counted as hits and ticked as :meth:`get_many` would; None
-        when a row is missing (nothing counted or ticked), the native path is off, or the manifest's tables are not
-        this cache's. What the general path gives for the same state (plan, :meth:`get_many`,
+        """The serialized ``PredictRequest`` of a ``unique_rows`` entry whose rows go as float32 or bfloat16, for
+        ``batch`` (``head``: its ``model_spec`` field), when every row it reads is cached: written natively in one
+        call (:func:`gateway.native.cached_entry_request`), counted as hits and ticked as :meth:`get_many` would.
+        None (nothing counted or ticked) when a row is missing, the native path is off, the entry is another kind
+        (``pooled``, float16 rows), or the manifest's tables are not this cache's. What the general path gives for the same state (plan, :meth:`get_many`,
         ``gateway.embedding.entry_request``): the same bytes, ticks and counts."""
+        row_dtype = _ROW_DTYPES.get(manifest.entry.row_dtype)
+        if row_dtype is None or manifest.entry.input_mode is not EntryInputMode.UNIQUE_ROWS:
+            return None
         slabs = self._slabs
         if any(t.name not in slabs or slabs[t.name].rows.shape[1] != t.dim for t in manifest.tables):
             return None
@@ -411,9 +414,6 @@ class RowCache:
             for t in manifest.tables
         ]
         dense = [(k, np.ascontiguousarray(a, dtype=np.float32)) for k, a in batch.dense.items()]
-        row_dtype = _ROW_DTYPES.get(manifest.entry.row_dtype)
-        if row_dtype is None:
-            return None
         done = native.cached_entry_request(
             head, features, tables, dense, manifest.num_shards, self._tick, row_dtype
         )

@@ -33,8 +33,6 @@ from gateway.limits import offload
 from schemas.deployment import EmbeddingModel
 from schemas.manifest import (
     LOOKUP_SIGNATURE,
-    EntryInputMode,
-    EntryRowDtype,
     Manifest,
     lookup_ids_input,
     lookup_values_output,
@@ -182,15 +180,10 @@ class EmbeddingServable(Servable):
         self, spec_msg: tfs_pb2.ModelSpec, batch: FeatureBatch, spec: VersionSpec, manifest: Manifest
     ) -> bytes | None:
         """The entry request written in one native call when the hot-row cache holds every row ``batch`` reads
-        and the entry takes float32 or bfloat16 unique rows (:meth:`gateway.cache.CachedRowSource.cached_entry_request`); else
-        None and :meth:`run_now` takes the general path, which gives the same request."""
-        entry = manifest.entry
+        and the entry is one it writes (:meth:`gateway.cache.CachedRowSource.cached_entry_request`); else None and
+        :meth:`run_now` takes the general path, which gives the same request."""
         rows = self.rows
-        if (
-            not isinstance(rows, CachedRowSource)
-            or entry.input_mode is not EntryInputMode.UNIQUE_ROWS
-            or entry.row_dtype is EntryRowDtype.FLOAT16
-        ):
+        if not isinstance(rows, CachedRowSource):
             return None
         head = tfs_pb2.PredictRequest(model_spec=spec_msg).SerializeToString()
         return rows.cached_entry_request(head, batch, manifest, _ps_spec(spec, manifest))

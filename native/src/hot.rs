@@ -105,7 +105,7 @@ pub fn cached_entry_request<'py>(
     }
     let mut splits: Vec<Option<(&str, Vec<i32>)>> = Vec::with_capacity(features.len());
     let mut weights: Vec<Option<(&str, Option<&[f32]>)>> = Vec::with_capacity(features.len());
-    for (f, &n) in features.iter().zip(ids.iter().map(|s| s.len()).collect::<Vec<_>>().iter()) {
+    for (f, ids) in features.iter().zip(&ids) {
         splits.push(match &f.3 {
             None => None,
             Some((name, s)) => {
@@ -121,7 +121,7 @@ pub fn cached_entry_request<'py>(
             Some((name, None)) => Some((name.as_str(), None)),
             Some((name, Some(w))) => {
                 let w = contiguous(w, "weights")?;
-                if w.len() != n {
+                if w.len() != ids.len() {
                     return Err(PyValueError::new_err("cached_entry_request: weights and ids differ in length"));
                 }
                 Some((name.as_str(), Some(w)))
@@ -175,7 +175,9 @@ pub fn cached_entry_request<'py>(
         }
     }
     let rows = tables.iter().map(|t| contiguous(&t.2, "rows")).collect::<PyResult<Vec<&[f32]>>>()?;
-    let ones: Vec<f32> = vec![1.0; ids.iter().map(|s| s.len()).max().unwrap_or(0)];
+    // all ones for the longest feature that has a weights input and was sent none
+    let unweighted = weights.iter().zip(&ids).filter(|(w, _)| matches!(w, Some((_, None)))).map(|(_, i)| i.len());
+    let ones: Vec<f32> = vec![1.0; unweighted.max().unwrap_or(0)];
     // (framing, content parts) of every input, in request order
     let mut pieces: Vec<(Vec<u8>, Vec<&[u8]>)> = Vec::new();
     let mut gathers: Vec<(usize, usize)> = Vec::new(); // (table, position in pieces) of each rows__ input
@@ -196,7 +198,10 @@ pub fn cached_entry_request<'py>(
             pieces.push((framing(name, DT_INT32, &[s.len() as i64], s.len() * 4), vec![bytes_of(s)]));
         }
         if let Some((name, w)) = &weights[k] {
-            let w: &[f32] = w.unwrap_or(&ones[..n]);
+            let w: &[f32] = match w {
+                Some(w) => w,
+                None => &ones[..n],
+            };
             pieces.push((framing(name, DT_FLOAT, &[n as i64], n * 4), vec![bytes_of(w)]));
         }
     }

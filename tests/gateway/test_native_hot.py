@@ -44,6 +44,21 @@ def _unique_rows(manifest: Manifest, row_dtype: EntryRowDtype = EntryRowDtype.FL
     return manifest.model_copy(update={"entry": entry})
 
 
+def _one_table(
+    sparse: list[dict[str, str]], num_shards: int, row_dtype: EntryRowDtype = EntryRowDtype.FLOAT32
+) -> Manifest:
+    """A unique_rows manifest of one table ``t`` of dim 2 read by ``sparse``."""
+    doc = {
+        "model_name": "m",
+        "version": 1,
+        "tables": [{"name": "t", "dim": 2}],
+        "sparse_features": sparse,
+        "partition": {"num_shards": num_shards},
+        "entry": {"outputs": [{"name": "y", "shape": [1]}]},
+    }
+    return _unique_rows(Manifest.model_validate(doc), row_dtype)
+
+
 def _cache(manifest: Manifest) -> RowCache:
     with native_mode("auto"):
         cache = RowCache(
@@ -100,19 +115,7 @@ def test_the_cached_request_equals_the_general_paths(data: st.DataObject) -> Non
 
 
 def test_a_float16_entry_is_left_to_the_general_path() -> None:
-    manifest = _unique_rows(
-        Manifest.model_validate(
-            {
-                "model_name": "m",
-                "version": 1,
-                "tables": [{"name": "t", "dim": 2}],
-                "sparse_features": [{"name": "f", "table": "t"}],
-                "partition": {"num_shards": 1},
-                "entry": {"outputs": [{"name": "y", "shape": [1]}]},
-            }
-        ),
-        EntryRowDtype.FLOAT16,
-    )
+    manifest = _one_table([{"name": "f", "table": "t"}], 1, EntryRowDtype.FLOAT16)
     batch = batch_from_instances([{"f": 3}], manifest)
     cache = _cache(manifest)
     cache.fill(cache.begin_read(), "t", np.array([3], np.int64), np.ones((1, 2), np.float32))
@@ -120,18 +123,7 @@ def test_a_float16_entry_is_left_to_the_general_path() -> None:
 
 
 def test_the_native_path_off_or_another_manifest_declines() -> None:
-    manifest = _unique_rows(
-        Manifest.model_validate(
-            {
-                "model_name": "m",
-                "version": 1,
-                "tables": [{"name": "t", "dim": 2}],
-                "sparse_features": [{"name": "f", "table": "t"}],
-                "partition": {"num_shards": 2},
-                "entry": {"outputs": [{"name": "y", "shape": [1]}]},
-            }
-        )
-    )
+    manifest = _one_table([{"name": "f", "table": "t"}], 2)
     batch = batch_from_instances([{"f": 3}, {"f": 4}], manifest)
     cache = _cache(manifest)
     cache.fill(cache.begin_read(), "t", np.array([3, 4], np.int64), np.ones((2, 2), np.float32))
@@ -162,21 +154,7 @@ class _PS:
 
 
 def test_a_cached_row_source_answers_a_warm_batch_alone_and_a_cold_one_not() -> None:
-    manifest = _unique_rows(
-        Manifest.model_validate(
-            {
-                "model_name": "m",
-                "version": 1,
-                "tables": [{"name": "t", "dim": 2}],
-                "sparse_features": [
-                    {"name": "f", "table": "t"},
-                    {"name": "g", "table": "t", "kind": "multi"},
-                ],
-                "partition": {"num_shards": 2},
-                "entry": {"outputs": [{"name": "y", "shape": [1]}]},
-            }
-        )
-    )
+    manifest = _one_table([{"name": "f", "table": "t"}, {"name": "g", "table": "t", "kind": "multi"}], 2)
     batch = batch_from_instances([{"f": 3, "g": [5, 6]}, {"f": 4, "g": []}], manifest)
     plan = plan_lookups(batch, manifest)
     ps = _PS()
