@@ -8,8 +8,9 @@ and writes the replica's rows, coalesced per table, to that replica only, each w
 Every other replica keeps receiving live writes meanwhile; rows are versioned, so the replayed and live writes may
 interleave in any order. A replica that falls back again during the catch-up (it restarted once more, losing the
 live writes it had received meanwhile) restarts it, up to where the live loop is by then; a down replica is retried
-with the usual backoff. Finally every table's position is set to ``end`` (a write without rows) and the
-replica is handed back to the live bookkeeping.
+with the usual backoff. If the live loop read past ``end`` meanwhile, those records are replayed too (their live
+writes reached the replica's rows but could not move its positions). Finally every table's position is set to
+``end`` (a write without rows) and the replica is handed back to the live bookkeeping.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = ["CatchUpTasks", "catch_up"]
 log = logging.getLogger("embedgate.updater.catchup")
 
 _MAX_RESTARTS = 20
+_MAX_EXTENSIONS = 3  # rounds replaying what the live loop read during the previous round (see catch_up)
 _BATCH = 512
 
 
@@ -65,14 +67,18 @@ async def catch_up(
 
     ``live_end()`` is where the live loop has read ``tp`` up to now. A replica that falls back again during the
     catch-up (it restarted once more) lost the live writes it received meanwhile, which are beyond ``end``: the
-    catch-up starts again up to ``live_end()`` (the live loop's rows from there on reach it as before)."""
+    catch-up starts again up to ``live_end()`` (the live loop's rows from there on reach it as before). A replay
+    that ends with the live loop past ``end`` is extended to ``live_end()`` (at most ``_MAX_EXTENSIONS`` times):
+    the live writes made meanwhile could not move the replica's positions. Under a stream that never pauses the
+    positions then move on with the next live write of each table, as they do for any replica."""
     key = stream_partition_key(tp.topic, tp.partition)
     tables = [t.name for t in manifest.tables]
-    for attempt in range(_MAX_RESTARTS):
+    extensions = replayed = 0
+    for attempt in range(_MAX_RESTARTS + _MAX_EXTENSIONS):
         if stop.is_set():
             return
         try:
-            rows = await _run(
+            replayed += await _run(
                 replica, tp, key, end, hint, manifest, writer, decode, consumer_factory, retry, stop
             )
         except _FellBack as exc:
@@ -90,8 +96,22 @@ async def catch_up(
             continue
         if stop.is_set():
             return
+        now = live_end() if live_end is not None else end
+        if now > end and extensions < _MAX_EXTENSIONS:
+            # The live loop wrote records from ``end`` on to this replica during the replay: their rows reached it,
+            # but not their positions (each write expected more than it stored then). Replay those records too, so
+            # that its positions end where the live loop is, as its peers' do; otherwise a table the stream does not
+            # write again would keep the lower position for good (and a gateway would see the replica behind).
+            log.info(
+                "catch-up of %s on %s: the live loop moved on to offset %d meanwhile; replaying up to it",
+                _name(replica),
+                key,
+                now,
+            )
+            end, hint, extensions = now, -1, extensions + 1
+            continue
         book.caught_up(replica, key, tables, end)
-        log.info("caught up %s on %s to offset %d (%d rows replayed)", _name(replica), key, end, rows)
+        log.info("caught up %s on %s to offset %d (%d rows replayed)", _name(replica), key, end, replayed)
         return
     log.error("catch-up of %s on %s gave up after %d restarts", _name(replica), key, _MAX_RESTARTS)
     book.abandon(replica, key)

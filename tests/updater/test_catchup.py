@@ -1,6 +1,7 @@
 """updater.catchup.catch_up with a fake replica (a PS that keeps rows and positions as the real one does) and a fake
 group-less consumer: a replica that restarts again during its replay is replayed up to where the live loop is by then,
-not only to where it was when the replay started (the live rows it had received meanwhile were lost with it)."""
+not only to where it was when the replay started (the live rows it had received meanwhile were lost with it); a replay
+that ends with the live loop further on is extended up to it, a bounded number of times."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ async def test_a_replica_that_restarts_during_its_replay_is_replayed_up_to_where
 ) -> None:
     """The catch-up starts with the live loop at offset 5; the replica had received records 5..9 live (rows
     applied, position not moved). With ``restart_after`` 1 it restarts after the first replay batch, losing those:
-    the next write finds it behind, and the replay starts again up to offset 10, where the live loop is by then."""
+    the next write finds it behind, and the replay starts again up to offset 10, where the live loop is by then.
+    Without the restart the replay is extended to offset 10 too: the live writes moved no position."""
     monkeypatch.setattr(catchup, "_BATCH", 3)
     ps = _Replica(restart_after)
     ps.rows = {IDS[off]: float(off) for off in range(5, 10)}  # live writes it received during the replay
@@ -116,9 +118,46 @@ async def test_a_replica_that_restarts_during_its_replay_is_replayed_up_to_where
         ),
         60,
     )
-    want_end = 10 if restart_after else 5
+    # with or without the restart, the replica's position ends where the live loop is: the live writes of 5..9
+    # could not move it (the replica stored less than they expected), so the replay covers them too
+    want_end = 10
     assert ps.rows == {IDS[off]: float(off) for off in range(10)}, "a row the replica lost was not replayed"
     assert ps.position == {"item": want_end}
     assert book.expected(replica, "item", KEY) == want_end
     assert not book.catching_up(replica, KEY)
     assert np.array_equal(sorted(ps.rows), sorted(IDS))
+
+
+async def test_a_live_loop_that_never_pauses_extends_the_replay_a_bounded_number_of_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The live loop is one record further on each time the catch-up asks (5, then 6, 7, 8, 9): the replay is
+    extended ``_MAX_EXTENSIONS`` times and hands the replica back at the last end, with every row up to it."""
+    monkeypatch.setattr(catchup, "_BATCH", 3)
+    ps = _Replica(restart_after=-1)
+    replica = Replica("127.0.0.1:1", "unit", 0)
+    book = PositionBook()
+    ends = iter(range(6, 10))
+
+    await asyncio.wait_for(
+        catchup.catch_up(
+            replica=replica,
+            tp=TP,
+            end=5,
+            hint=-1,
+            manifest=MANIFEST,
+            writer=ps,  # type: ignore[arg-type]
+            book=book,
+            decode=lambda rec: decode_delta(rec.value),
+            consumer_factory=_Consumer,  # type: ignore[arg-type]
+            retry=RetrySettings(min_backoff_ms=1, max_backoff_ms=2),
+            stop=asyncio.Event(),
+            live_end=lambda: next(ends),
+        ),
+        60,
+    )
+    last = 5 + catchup._MAX_EXTENSIONS
+    assert ps.position == {"item": last}
+    assert ps.rows == {IDS[off]: float(off) for off in range(last)}
+    assert book.expected(replica, "item", KEY) == last
+    assert not book.catching_up(replica, KEY)

@@ -85,10 +85,17 @@ class _Flags(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.flagged: list[str] = []
+        self.why: list[str] = []  # per flag: shard, target, table, partition, position, high-water mark
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage().startswith("PS replica catching up"):
             self.flagged.append(str(getattr(record, "target", "?")))
+            self.why.append(
+                " ".join(
+                    f"{k}={getattr(record, k, '?')}"
+                    for k in ("shard", "target", "table", "partition", "position", "high_water_mark")
+                )
+            )
 
 
 @pytest.mark.timeout(
@@ -240,7 +247,13 @@ async def test_a_killed_replica_heals_and_neither_replica_stays_flagged_nor_answ
                     assert catchups > catchups_before, (
                         "the premise: the updater found B behind and replayed it"
                     )
-                    await eventually(none_flagged, 120, "neither replica flagged once B has caught up")
+                    try:
+                        await eventually(none_flagged, 120, "neither replica flagged once B has caught up")
+                    except AssertionError as exc:
+                        raise AssertionError(
+                            f"{exc}; flags raised: {flags.why}; A reports {await positions(a)}; "
+                            f"B reports {await positions(b)}"
+                        ) from None
                     healed_at = len(answers)
                     while len(answers) < healed_at + 20 and not predicting.done():
                         await asyncio.sleep(0.05)
