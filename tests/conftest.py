@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import functools
+import fcntl
 import gc
-import inspect
+import json
 import logging
+import os
+import pickle
 import sys
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -21,12 +23,38 @@ settings.register_profile("embedgate", deadline=None)
 settings.load_profile("embedgate")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest test files first, by the seconds per file of a measured run (``tests/module_seconds.json``,
+    rewritten by :mod:`tests.support.module_seconds`; a file not listed counts as short). pytest-xdist hands whole
+    files to its workers in this order, so a run ends on short files on both workers rather than on one long file
+    while the other worker waits. Within a file the order is kept (the sort is stable)."""
+    from tests.support.module_seconds import PATH
+
+    try:
+        seconds: dict[str, float] = json.loads(PATH.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    items.sort(key=lambda item: -seconds.get(item.nodeid.partition("::")[0], 0.0))
+
+
 @pytest.fixture(scope="session")
 def demo_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The small demo model (entry + 2 PS shards + manifest + whole Keras model), built once per session."""
+    """The small demo model (entry + 2 PS shards + manifest + whole Keras model), built once per run: under
+    pytest-xdist the first worker to need it builds it in the run's directory shared by the workers, holding a lock,
+    and the others load what it wrote (tests only read these artifacts; each copies what it changes)."""
     from embedgate.export.demo import build_demo
 
-    return build_demo(tmp_path_factory.mktemp("demo"), small=True)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return build_demo(tmp_path_factory.mktemp("demo"), small=True)
+    shared = tmp_path_factory.getbasetemp().parent  # the run's own directory, above each worker's
+    built = shared / "demo.pickle"
+    with open(shared / "demo.lock", "wb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if built.exists():
+            return pickle.loads(built.read_bytes())  # noqa: S301 - written just before by this run
+        artifacts = build_demo(shared / "demo", small=True)
+        built.write_bytes(pickle.dumps(artifacts))
+        return artifacts
 
 
 @pytest.fixture(scope="session")
@@ -44,10 +72,24 @@ def demo_backends(demo_artifacts: Any) -> Iterator[Any]:
         yield server
 
 
-@functools.cache
-def _talks_to_kafka(module: ModuleType) -> bool:
-    """Whether a test module starts Kafka clients (its source names Kafka)."""
-    return "kafka" in inspect.getsource(module).lower()
+_kafka_connections: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The aiokafka broker connections of this process not yet finalized (every producer, consumer and admin client opens
+its connections as ``aiokafka.conn.AIOKafkaConnection``): a test's teardown collects garbage only while there is one."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kafka_connections_tracked() -> Iterator[None]:
+    from aiokafka.conn import AIOKafkaConnection
+
+    init = AIOKafkaConnection.__init__
+
+    def tracked(self: AIOKafkaConnection, *args: Any, **kwargs: Any) -> None:
+        _kafka_connections.add(self)
+        init(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(AIOKafkaConnection, "__init__", tracked)
+        yield
 
 
 def _collect_leaked_kafka_connections(where: str) -> None:
@@ -85,6 +127,6 @@ def _process_globals_restored(request: pytest.FixtureRequest) -> Iterator[None]:
     froze = gc.get_freeze_count() > 0
     if froze:
         gc.unfreeze()  # first: a frozen object is never collected, so a leak frozen with the heap would outlive the test
-    if froze or (request.module is not None and _talks_to_kafka(request.module)):
+    if len(_kafka_connections):  # a full collection costs about a second once TensorFlow is loaded: only then
         _collect_leaked_kafka_connections(request.node.nodeid)
     sys.setswitchinterval(switch)
