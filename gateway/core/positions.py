@@ -18,7 +18,8 @@ replica with **its own past**:
 * at that poll it gets a **target**: the shard's high-water marks as of the polls *before* it (the highest position
   any replica of the shard had reported for each (table, key); both replicas' and the writes made during an outage
   included). Every such position was reached before the replica came back, so the updater's replay, which runs to
-  where its live loop is when the replay starts and then sets every table there, reaches the target;
+  where its live loop is when the replay ends (``updater/catchup.py``) and then sets every table there, reaches
+  the target;
 * it is caught up again once every one of its positions reaches its target (and it is judged by its own past again).
 
 So a replica that never lost writes is never flagged, and a healed one is flagged only until its replay is done, even
