@@ -77,7 +77,7 @@ lint: install
 # in this process alone.
 PYTEST_WORKERS ?= 2
 test: install kafka-jars deploy-tools browser lint
-	$(PY) -m pytest -q -p no:cacheprovider --durations=30 $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30 $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # Builds the demo model if missing, starts Kafka, serve-local (entry + PS), the updater and the gateway on
 # 127.0.0.1 and stays in the foreground until Ctrl-C; `make stop` stops a stack left running in the background.

@@ -25,9 +25,11 @@ settings.load_profile("embedgate")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest test files first, by the seconds per file of a measured run (``tests/module_seconds.json``,
-    rewritten by :mod:`tests.support.module_seconds`; a file not listed counts as short). pytest-xdist hands whole
-    files to its workers in this order, so a run ends on short files on both workers rather than on one long file
-    while the other worker waits. Within a file the order is kept (the sort is stable)."""
+    rewritten by :mod:`tests.support.module_seconds`; a file not listed counts as short). With ``--dist loadfile
+    --no-loadscope-reorder`` (``make test``) pytest-xdist hands whole files to its workers in this order, so a run
+    ends on short files on both workers rather than on one long file while the other worker waits (its default
+    order, the files with the most tests first, put the long integration files last). Within a file the order is
+    kept (the sort is stable)."""
     from tests.support.module_seconds import PATH
 
     try:
@@ -51,6 +53,8 @@ def demo_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Any:
     with open(shared / "demo.lock", "wb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if built.exists():
+            import embedgate.export.layers  # noqa: F401 - registers the whole Keras model's layers, as building does
+
             return pickle.loads(built.read_bytes())  # noqa: S301 - written just before by this run
         artifacts = build_demo(shared / "demo", small=True)
         built.write_bytes(pickle.dumps(artifacts))

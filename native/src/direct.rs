@@ -34,6 +34,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
+use crate::entry::fresh_bytes;
 use crate::gate::{send_all, trailer_map, trailers_only};
 
 pub(crate) const PREFIX: usize = 5; // gRPC message prefix: compressed flag, length (u32, big endian)
@@ -399,7 +400,7 @@ pub(crate) async fn serve(req: Request<RecvStream>, mut respond: SendResponse<By
 }
 
 /// Whether a copy is long enough to be made without the interpreter lock (other threads run meanwhile).
-fn copied_off_lock(len: isize) -> bool {
+fn copied_off_lock(len: usize) -> bool {
     len >= 1 << 20
 }
 
@@ -445,24 +446,10 @@ impl DirectCall {
         let taken = self.message.lock().ok().and_then(|mut m| m.take());
         match taken {
             Some(m) => {
-                // one copy, from the frames' chunks straight into the bytes object (PyBytes::new_with would zero
-                // it first: a second pass over a multi-megabyte message)
-                let len = isize::try_from(m.len).map_err(|_| pyo3::exceptions::PyOverflowError::new_err("too long"))?;
-                // SAFETY: a new bytes object of `len` bytes, uninitialised; every byte is written before Python
-                // sees it, and the pointer is owned by the returned Bound.
-                unsafe {
-                    let ptr = pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), len);
-                    let obj = Bound::from_owned_ptr_or_err(py, ptr)?;
-                    let data = pyo3::ffi::PyBytes_AsString(obj.as_ptr()) as usize;
-                    let copy = move || m.copy_to(std::slice::from_raw_parts_mut(data as *mut u8, m.len));
-                    if copied_off_lock(len) {
-                        // no other thread can see the new object yet: the copy needs no interpreter lock
-                        py.allow_threads(copy);
-                    } else {
-                        copy();
-                    }
-                    Ok(obj.downcast_into_unchecked::<PyBytes>())
-                }
+                // one copy, from the frames' chunks straight into the bytes object; off the interpreter lock when
+                // the message is large
+                let len = m.len;
+                fresh_bytes(py, len, copied_off_lock(len), move |buf: &mut [u8]| m.copy_to(buf))
             }
             None if !self.received => Err(pyo3::exceptions::PyValueError::new_err("the message was withheld")),
             None => Err(pyo3::exceptions::PyValueError::new_err("the message was already taken")),

@@ -12,7 +12,7 @@
 //! `TensorShapeProto.dim` 2; `Dim.size` 1.
 
 use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -114,40 +114,45 @@ pub fn entry_request<'py>(
         total += frame.len() + nbytes;
         pieces.push((frame, slices));
     }
-    fresh_bytes(py, total, |buf: &mut [u8]| {
-        {
-            let mut at = 0;
-            let mut put = |bytes: &[u8]| {
-                buf[at..at + bytes.len()].copy_from_slice(bytes);
-                at += bytes.len();
-            };
-            put(head);
-            for (frame, slices) in &pieces {
-                put(frame);
-                for s in slices {
-                    put(s);
-                }
+    fresh_bytes(py, total, true, |buf: &mut [u8]| {
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            buf[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        put(head);
+        for (frame, slices) in &pieces {
+            put(frame);
+            for s in slices {
+                put(s);
             }
-            assert_eq!(at, total, "entry_request: the request's size was miscounted");
         }
+        assert_eq!(at, total, "entry_request: the request's size was miscounted");
     })
 }
 
-/// A new `bytes` object of `len` bytes, filled by `fill` without the GIL and without zeroing it first
-/// (`PyBytes::new_with` would: a second pass over a multi-megabyte request). `fill` must write every byte.
+/// A new `bytes` object of `len` bytes, filled by `fill` without zeroing it first (`PyBytes::new_with` would: a
+/// second pass over a multi-megabyte message); `fill` runs without the GIL when `release` is set. `fill` must write
+/// every byte (the entry writers assert it; `DirectCall.take_message` copies exactly the message's chunks).
 pub(crate) fn fresh_bytes<'py>(
     py: Python<'py>,
     len: usize,
+    release: bool,
     fill: impl FnOnce(&mut [u8]) + Send,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let n = isize::try_from(len).map_err(|_| PyValueError::new_err("request too large"))?;
-    // SAFETY: a new bytes object of `len` bytes, uninitialised and seen by no other thread until it is returned;
-    // `fill` writes every byte before Python sees it (the callers write exactly the sizes they summed).
+    let n = isize::try_from(len).map_err(|_| PyOverflowError::new_err("too long for a bytes object"))?;
+    // SAFETY: a new bytes object of `len` bytes, uninitialised and seen by no other thread until it is returned (so
+    // filling it needs no interpreter lock); `fill` writes every byte before Python sees it.
     unsafe {
         let ptr = pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), n);
         let obj = Bound::from_owned_ptr_or_err(py, ptr)?;
         let data = pyo3::ffi::PyBytes_AsString(obj.as_ptr()) as usize;
-        py.allow_threads(move || fill(std::slice::from_raw_parts_mut(data as *mut u8, len)));
+        let write = move || fill(std::slice::from_raw_parts_mut(data as *mut u8, len));
+        if release {
+            py.allow_threads(write);
+        } else {
+            write();
+        }
         Ok(obj.downcast_into_unchecked::<PyBytes>())
     }
 }

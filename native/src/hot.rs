@@ -217,38 +217,36 @@ pub fn cached_entry_request<'py>(
     for &(t, _) in &gathers {
         total += slots[t].len() * dims[t] * row_width;
     }
-    let wire = fresh_bytes(py, total, |buf: &mut [u8]| {
-        {
-            let mut out = 0usize;
-            let mut put = |bytes: &[u8]| {
-                buf[out..out + bytes.len()].copy_from_slice(bytes);
-                out += bytes.len();
-            };
-            put(head);
-            let mut next_gather = gathers.iter().peekable();
-            for (p, (frame, parts)) in pieces.iter().enumerate() {
-                put(frame);
-                if let Some(&(t, _)) = next_gather.next_if(|g| g.1 == p) {
-                    let d = dims[t];
-                    let mut half = vec![0u8; 2 * d];
-                    for &slot in &slots[t] {
-                        let row = &rows[t][slot * d..(slot + 1) * d];
-                        if row_dtype == DT_FLOAT {
-                            put(bytes_of(row));
-                        } else {
-                            for (pair, &x) in half.chunks_exact_mut(2).zip(row) {
-                                pair.copy_from_slice(&bfloat16(x).to_le_bytes());
-                            }
-                            put(&half);
+    let wire = fresh_bytes(py, total, true, |buf: &mut [u8]| {
+        let mut out = 0usize;
+        let mut put = |bytes: &[u8]| {
+            buf[out..out + bytes.len()].copy_from_slice(bytes);
+            out += bytes.len();
+        };
+        put(head);
+        let mut next_gather = gathers.iter().peekable();
+        for (p, (frame, parts)) in pieces.iter().enumerate() {
+            put(frame);
+            if let Some(&(t, _)) = next_gather.next_if(|g| g.1 == p) {
+                let d = dims[t];
+                let mut half = vec![0u8; 2 * d];
+                for &slot in &slots[t] {
+                    let row = &rows[t][slot * d..(slot + 1) * d];
+                    if row_dtype == DT_FLOAT {
+                        put(bytes_of(row));
+                    } else {
+                        for (pair, &x) in half.chunks_exact_mut(2).zip(row) {
+                            pair.copy_from_slice(&bfloat16(x).to_le_bytes());
                         }
+                        put(&half);
                     }
                 }
-                for part in parts {
-                    put(part);
-                }
             }
-            assert_eq!(out, total, "cached_entry_request: the request's size was miscounted");
+            for part in parts {
+                put(part);
+            }
         }
+        assert_eq!(out, total, "cached_entry_request: the request's size was miscounted");
     })?;
     Ok(Some((wire, reads.len())))
 }
