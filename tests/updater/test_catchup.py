@@ -6,6 +6,7 @@ that ends with the live loop further on is extended up to it, a bounded number o
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ import updater.catchup as catchup
 from schemas.deltas import decode_delta
 from schemas.manifest import stream_partition_key
 from schemas.updater_settings import RetrySettings
-from tests.updater.fakes import MANIFEST, TOPIC, FakeRecord, delta_record, ids_of_shard
+from tests.updater.fakes import MANIFEST, TOPIC, delta_record, ids_of_shard
 from updater.apply import WriteGroup
 from updater.replicas import PositionBook, Replica
 
@@ -84,6 +85,30 @@ class _Replica:
         return {KEY: before}
 
 
+REPLICA = Replica("127.0.0.1:1", "unit", 0)
+
+
+async def _catch_up(ps: _Replica, book: PositionBook, live_end: Callable[[], int]) -> None:
+    """Catch ``ps`` up from offset 5 (where the live loop was when the catch-up started), 3 records a batch."""
+    await asyncio.wait_for(
+        catchup.catch_up(
+            replica=REPLICA,
+            tp=TP,
+            end=5,
+            hint=-1,
+            manifest=MANIFEST,
+            writer=ps,  # type: ignore[arg-type]
+            book=book,
+            decode=lambda rec: decode_delta(rec.value),
+            consumer_factory=_Consumer,  # type: ignore[arg-type]
+            retry=RetrySettings(min_backoff_ms=1, max_backoff_ms=2),
+            stop=asyncio.Event(),
+            live_end=live_end,
+        ),
+        60,
+    )
+
+
 @pytest.mark.parametrize("restart_after", [0, 1])
 async def test_a_replica_that_restarts_during_its_replay_is_replayed_up_to_where_the_live_loop_is(
     monkeypatch: pytest.MonkeyPatch, restart_after: int
@@ -95,36 +120,15 @@ async def test_a_replica_that_restarts_during_its_replay_is_replayed_up_to_where
     monkeypatch.setattr(catchup, "_BATCH", 3)
     ps = _Replica(restart_after)
     ps.rows = {IDS[off]: float(off) for off in range(5, 10)}  # live writes it received during the replay
-    replica = Replica("127.0.0.1:1", "unit", 0)
     book = PositionBook()
-
-    def decode(rec: FakeRecord) -> Any:
-        return decode_delta(rec.value)
-
-    await asyncio.wait_for(
-        catchup.catch_up(
-            replica=replica,
-            tp=TP,
-            end=5,
-            hint=-1,
-            manifest=MANIFEST,
-            writer=ps,  # type: ignore[arg-type]
-            book=book,
-            decode=decode,
-            consumer_factory=_Consumer,  # type: ignore[arg-type]
-            retry=RetrySettings(min_backoff_ms=1, max_backoff_ms=2),
-            stop=asyncio.Event(),
-            live_end=lambda: 10,
-        ),
-        60,
-    )
+    await _catch_up(ps, book, live_end=lambda: 10)
     # with or without the restart, the replica's position ends where the live loop is: the live writes of 5..9
     # could not move it (the replica stored less than they expected), so the replay covers them too
     want_end = 10
     assert ps.rows == {IDS[off]: float(off) for off in range(10)}, "a row the replica lost was not replayed"
     assert ps.position == {"item": want_end}
-    assert book.expected(replica, "item", KEY) == want_end
-    assert not book.catching_up(replica, KEY)
+    assert book.expected(REPLICA, "item", KEY) == want_end
+    assert not book.catching_up(REPLICA, KEY)
     assert np.array_equal(sorted(ps.rows), sorted(IDS))
 
 
@@ -135,29 +139,11 @@ async def test_a_live_loop_that_never_pauses_extends_the_replay_a_bounded_number
     extended ``_MAX_EXTENSIONS`` times and hands the replica back at the last end, with every row up to it."""
     monkeypatch.setattr(catchup, "_BATCH", 3)
     ps = _Replica(restart_after=-1)
-    replica = Replica("127.0.0.1:1", "unit", 0)
     book = PositionBook()
     ends = iter(range(6, 10))
-
-    await asyncio.wait_for(
-        catchup.catch_up(
-            replica=replica,
-            tp=TP,
-            end=5,
-            hint=-1,
-            manifest=MANIFEST,
-            writer=ps,  # type: ignore[arg-type]
-            book=book,
-            decode=lambda rec: decode_delta(rec.value),
-            consumer_factory=_Consumer,  # type: ignore[arg-type]
-            retry=RetrySettings(min_backoff_ms=1, max_backoff_ms=2),
-            stop=asyncio.Event(),
-            live_end=lambda: next(ends),
-        ),
-        60,
-    )
+    await _catch_up(ps, book, live_end=lambda: next(ends))
     last = 5 + catchup._MAX_EXTENSIONS
     assert ps.position == {"item": last}
     assert ps.rows == {IDS[off]: float(off) for off in range(last)}
-    assert book.expected(replica, "item", KEY) == last
-    assert not book.catching_up(replica, KEY)
+    assert book.expected(REPLICA, "item", KEY) == last
+    assert not book.catching_up(REPLICA, KEY)
