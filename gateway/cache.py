@@ -87,6 +87,18 @@ _ROW_DTYPES: Final = {
     EntryRowDtype.FLOAT32: 1,
     EntryRowDtype.BFLOAT16: 14,
 }  # entry rows the native writer takes
+_LAYOUTS_KEPT: Final = 8  # manifests whose entry layout a cache keeps (a model has a few versions at a time)
+
+
+@dataclass(frozen=True)
+class _EntryLayout:
+    """What :meth:`RowCache.cached_entry_request` derives from a manifest alone, kept per manifest: the native
+    writer's row dtype; per sparse feature (feature, its table's position, index input, splits input or None,
+    weights input or None); per table (table, rows input; None when no feature reads the table)."""
+
+    row_dtype: int
+    features: tuple[tuple[str, int, str, str | None, str | None], ...]
+    tables: tuple[tuple[str, str | None], ...]
 
 
 class _Slab:
@@ -293,6 +305,8 @@ class RowCache:
         self._ttl: dict[str, _Ttl] = {}  # expiring tables only (set_ttl)
         self._wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
         self._exported_ms: int | None = None
+        # id(manifest) -> (the manifest, its entry layout); the manifest is kept so that its id is not reused
+        self._layouts: dict[int, tuple[Manifest, _EntryLayout | None]] = {}
         self._m = metrics
         if metrics is not None:
             metrics.serving.labels(model).set(0)
@@ -374,46 +388,35 @@ class RowCache:
         ``batch`` (``head``: its ``model_spec`` field), when every row it reads is cached: written natively in one
         call (:func:`gateway.native.cached_entry_request`), counted as hits and ticked as :meth:`get_many` would.
         None (nothing counted or ticked) when a row is missing, the native path is off, the entry is another kind
-        (``pooled``, float16 rows), or the manifest's tables are not this cache's. What the general path gives for the same state (plan, :meth:`get_many`,
-        ``gateway.embedding.entry_request``): the same bytes, ticks and counts."""
-        row_dtype = _ROW_DTYPES.get(manifest.entry.row_dtype)
-        if row_dtype is None or manifest.entry.input_mode is not EntryInputMode.UNIQUE_ROWS:
+        (``pooled``, float16 rows), or the manifest's tables are not this cache's. What the general path gives for
+        the same state (plan, :meth:`get_many`, ``gateway.embedding.entry_request``): the same bytes, ticks and
+        counts."""
+        layout = self._entry_layout(manifest)
+        if layout is None:
             return None
         slabs = self._slabs
-        if any(t.name not in slabs or slabs[t.name].rows.shape[1] != t.dim for t in manifest.tables):
-            return None
-        position = {t.name: k for k, t in enumerate(manifest.tables)}
-        read = {f.table for f in manifest.sparse_features}
         features: list[
             tuple[int, np.ndarray, str, tuple[str, np.ndarray] | None, tuple[str, np.ndarray | None] | None]
         ] = []
-        for f in manifest.sparse_features:
-            sparse = batch.sparse[f.name]
-            multi = f.kind is FeatureKind.MULTI
+        for name, position, index, splits, weights in layout.features:
+            sparse = batch.sparse[name]
             w = sparse.weights
             features.append(
                 (
-                    position[f.table],
+                    position,
                     np.ascontiguousarray(sparse.ids, dtype=np.int64),
-                    entry_index_input(f.name),
-                    (entry_splits_input(f.name), np.ascontiguousarray(sparse.row_splits, dtype=np.int64))
-                    if multi
-                    else None,
-                    (entry_weights_input(f.name), None if w is None else np.ascontiguousarray(w, np.float32))
-                    if f.weights
-                    else None,
+                    index,
+                    None
+                    if splits is None
+                    else (splits, np.ascontiguousarray(sparse.row_splits, dtype=np.int64)),
+                    None
+                    if weights is None
+                    else (weights, None if w is None else np.ascontiguousarray(w, np.float32)),
                 )
             )
-        tables = [
-            (
-                entry_rows_input(t.name) if t.name in read else None,
-                slabs[t.name].index,
-                slabs[t.name].rows,
-                slabs[t.name].used,
-            )
-            for t in manifest.tables
-        ]
+        tables = [(rows, slabs[t].index, slabs[t].rows, slabs[t].used) for t, rows in layout.tables]
         dense = [(k, np.ascontiguousarray(a, dtype=np.float32)) for k, a in batch.dense.items()]
+        row_dtype = layout.row_dtype
         done = native.cached_entry_request(
             head, features, tables, dense, manifest.num_shards, self._tick, row_dtype
         )
@@ -425,6 +428,40 @@ class RowCache:
         if self._m is not None:
             self._m.hits.labels(self.model).inc(hits)
         return wire
+
+    def _entry_layout(self, manifest: Manifest) -> _EntryLayout | None:
+        """``manifest``'s :class:`_EntryLayout`, derived once per manifest; None when the native writer cannot
+        write its entry from this cache (another input mode or row dtype, or tables this cache does not hold)."""
+        known = self._layouts.get(id(manifest))
+        if known is not None and known[0] is manifest:
+            return known[1]
+        layout: _EntryLayout | None = None
+        row_dtype = _ROW_DTYPES.get(manifest.entry.row_dtype)
+        slabs = self._slabs
+        fits = all(t.name in slabs and slabs[t.name].rows.shape[1] == t.dim for t in manifest.tables)
+        if row_dtype is not None and manifest.entry.input_mode is EntryInputMode.UNIQUE_ROWS and fits:
+            position = {t.name: k for k, t in enumerate(manifest.tables)}
+            read = {f.table for f in manifest.sparse_features}
+            layout = _EntryLayout(
+                row_dtype=row_dtype,
+                features=tuple(
+                    (
+                        f.name,
+                        position[f.table],
+                        entry_index_input(f.name),
+                        entry_splits_input(f.name) if f.kind is FeatureKind.MULTI else None,
+                        entry_weights_input(f.name) if f.weights else None,
+                    )
+                    for f in manifest.sparse_features
+                ),
+                tables=tuple(
+                    (t.name, entry_rows_input(t.name) if t.name in read else None) for t in manifest.tables
+                ),
+            )
+        if len(self._layouts) >= _LAYOUTS_KEPT:
+            self._layouts.clear()
+        self._layouts[id(manifest)] = (manifest, layout)
+        return layout
 
     def lru_order(self) -> list[tuple[str, int]]:
         """(table, id) of every row held, least recently used first (for tests and debugging; linear)."""

@@ -123,6 +123,7 @@ def test_a_float16_entry_is_left_to_the_general_path() -> None:
 
 
 def test_the_native_path_off_or_another_manifest_declines() -> None:
+    """Native off, or a manifest whose tables are not the cache's: None, nothing counted."""
     manifest = _one_table([{"name": "f", "table": "t"}], 2)
     batch = batch_from_instances([{"f": 3}, {"f": 4}], manifest)
     cache = _cache(manifest)
@@ -132,8 +133,11 @@ def test_the_native_path_off_or_another_manifest_declines() -> None:
     wider = manifest.model_copy(update={"tables": [manifest.tables[0].model_copy(update={"dim": 3})]})
     assert cache.cached_entry_request(_HEAD, batch, wider) is None
     assert cache.hits == 0
-    assert cache.cached_entry_request(_HEAD, batch, manifest) is not None
-    assert cache.hits == 2
+    first = cache.cached_entry_request(_HEAD, batch, manifest)
+    assert first is not None and cache.hits == 2
+    # each manifest keeps its own layout: asked in turn, each gets its own answer again
+    assert cache.cached_entry_request(_HEAD, batch, wider) is None and cache.hits == 2
+    assert cache.cached_entry_request(_HEAD, batch, manifest) == first and cache.hits == 4
 
 
 class _PS:
