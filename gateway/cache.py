@@ -62,6 +62,7 @@ from schemas.manifest import (
     entry_splits_input,
     entry_weights_input,
 )
+from schemas.proto import tfs_pb2
 
 __all__ = [
     "ROW_OVERHEAD",
@@ -84,9 +85,9 @@ _UNKNOWN: Final = -(2**62)  # no write time known
 _MAX_SLACK_MS: Final = 60_000
 _Wire = bytes  # a serialized message (inside RowCache, ``bytes`` names its byte count)
 _ROW_DTYPES: Final = {
-    EntryRowDtype.FLOAT32: 1,
-    EntryRowDtype.BFLOAT16: 14,
-}  # entry rows the native writer takes
+    EntryRowDtype.FLOAT32: tfs_pb2.DT_FLOAT,
+    EntryRowDtype.BFLOAT16: tfs_pb2.DT_BFLOAT16,
+}  # entry rows the native writer takes, and their DataType on the wire
 _LAYOUTS_KEPT: Final = 8  # manifests whose entry layout a cache keeps (a model has a few versions at a time)
 
 
@@ -416,9 +417,8 @@ class RowCache:
             )
         tables = [(rows, slabs[t].index, slabs[t].rows, slabs[t].used) for t, rows in layout.tables]
         dense = [(k, np.ascontiguousarray(a, dtype=np.float32)) for k, a in batch.dense.items()]
-        row_dtype = layout.row_dtype
         done = native.cached_entry_request(
-            head, features, tables, dense, manifest.num_shards, self._tick, row_dtype
+            head, features, tables, dense, manifest.num_shards, self._tick, layout.row_dtype
         )
         if done is None:
             return None

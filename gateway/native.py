@@ -450,7 +450,7 @@ def cached_entry_request(
     dense: list[tuple[str, np.ndarray]],
     num_shards: int,
     tick: int,
-    row_dtype: int = 1,
+    row_dtype: int,
 ) -> tuple[bytes, int] | None:
     """A ``unique_rows`` entry's serialized ``PredictRequest`` when the hot-row cache holds every row the batch reads
     (native/src/hot.rs: plan, slab reads with their LRU ticks from ``tick`` on, and the request, in one call), with
