@@ -9,6 +9,7 @@ stage, two variants, timed in interleaved rounds (thread CPU, median of ``--reps
 the median over rounds and its spread):
 
 * ``spec sizes``: ``check_spec_sizes_reference`` (Python) vs the native reading (native/src/spec_sizes.rs);
+* ``shape check``: ``check_tensor`` over the parsed request's inputs vs ``input_bytes`` (native/src/shape_check.rs);
 * ``features``: ``batch_from_tensors`` of the parsed request vs ``gateway.native.tensor_features`` of its bytes;
 * ``read path``: plan + ``RowCache.get_many`` + ``entry_request`` (the general path, each step already native) vs
   ``RowCache.cached_entry_request`` (native/src/hot.rs, one call).
@@ -31,7 +32,13 @@ from gateway import native
 from gateway.cache import RowCache
 from gateway.embedding import entry_request, plan_lookups
 from gateway.grpc_front.features import batch_from_tensors
-from gateway.grpc_front.messages import check_spec_sizes, check_spec_sizes_reference, parse_message
+from gateway.grpc_front.messages import (
+    check_spec_sizes,
+    check_spec_sizes_reference,
+    check_tensor,
+    input_bytes,
+    parse_message,
+)
 from schemas.gateway_settings import LimitsSettings
 from schemas.manifest import Manifest
 from schemas.proto import tfs_pb2
@@ -87,8 +94,15 @@ def _stages(manifest: Manifest, raw: bytes) -> dict[str, tuple[Callable[[], Any]
         return entry_request(_SPEC, p, found, batch, manifest)
 
     assert general() == cache.cached_entry_request(head, batch, manifest), "the one-call request differs"
+    limits = LimitsSettings()
+
+    def shapes_reference() -> int:
+        return sum(check_tensor(f"input {k!r}", t, limits, 1 << 30) for k, t in parsed.inputs.items())
+
+    assert shapes_reference() == input_bytes(parsed, raw, limits, 1 << 30), "the shape checks differ"
     return {
         "spec sizes": (lambda: check_spec_sizes_reference(raw), lambda: check_spec_sizes(raw)),
+        "shape check": (shapes_reference, lambda: input_bytes(parsed, raw, limits, 1 << 30)),
         "features": (
             lambda: batch_from_tensors(parsed.inputs, manifest),
             lambda: native.tensor_features(raw, manifest),

@@ -489,6 +489,21 @@ def spec_too_long(raw: bytes, max_bytes: int, limit: int) -> tuple[int, int] | L
     return False if found is None else found
 
 
+def predict_input_bytes(
+    raw: bytes, items: Sequence[int], default_item: int, max_rank: int, max_instances: int, max_bytes: int
+) -> int | None:
+    """The bytes the input tensors of the parsed ``PredictRequest`` ``raw`` decode to when every one passes
+    ``gateway.grpc_front.messages.check_tensor`` (its reference, which words every refusal), read from the wire
+    format without the GIL (native/src/shape_check.rs): ``items[dtype]`` bytes per element (``default_item`` beyond
+    the table). None when a tensor would be refused, when protobuf's reading is not plain (a key or a shape given
+    twice), or when the native path is off: the caller then checks the parsed message."""
+    mod = _module()
+    if mod is None or path() != "native" or not hasattr(mod, "predict_input_bytes"):
+        return None
+    found: int | None = mod.predict_input_bytes(raw, items, default_item, max_rank, max_instances, max_bytes)
+    return found
+
+
 def plain_predict_request(raw: bytes) -> bool:
     """Whether the serialized ``PredictRequest`` ``raw`` is *plain* (native/src/scan.rs, scanned without the GIL):
     only the model spec, output filter and input tensors of numeric dtypes (shape, ``tensor_content`` or packed

@@ -1,5 +1,7 @@
 """Types of the compiled module ``embedgate_native`` (``native/src/lib.rs``); import it through ``gateway.native``."""
 
+from collections.abc import Sequence
+
 import numpy as np
 
 def version() -> str: ...
@@ -151,3 +153,13 @@ def tensor_features(
 
 # native/src/spec_sizes.rs: a request's model_spec string sizes, from the wire format
 def spec_too_long(raw: bytes, max_bytes: int, limit: int) -> tuple[int, int] | None: ...
+
+# native/src/shape_check.rs: the bytes a PredictRequest's input tensors decode to, their shapes checked
+def predict_input_bytes(
+    raw: bytes,
+    items: Sequence[int],
+    default_item: int,
+    max_rank: int,
+    max_instances: int,
+    max_bytes: int,
+) -> int | None: ...

@@ -15,7 +15,8 @@ it and applies the same bounds as REST (``LimitsSettings``), before any tensor i
   feature of one example (PayloadTooLarge), as REST's ``examples`` lists.
 
 :func:`parse_message` returns the message and the bytes its tensors decode to, which the servicer reserves in the
-buffered-bytes budget beyond the message's own size.
+buffered-bytes budget beyond the message's own size. The tensors' bounds are read from the message's bytes natively
+when every one passes (:func:`input_bytes`); :func:`check_tensor` is the reference and words every refusal.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "check_spec_sizes",
     "check_spec_sizes_reference",
     "check_tensor",
+    "input_bytes",
     "parse_message",
 ]
 
@@ -78,8 +80,7 @@ def parse_message(kind: type[M], raw: bytes, limits: LimitsSettings, max_body_by
     message = _parse(kind, raw)
     decoded = 0
     if isinstance(message, tfs_pb2.PredictRequest):
-        for name, t in message.inputs.items():
-            decoded += check_tensor(f"input {name!r}", t, limits, max_body_bytes)
+        decoded = input_bytes(message, raw, limits, max_body_bytes)
     elif isinstance(message, tfs_pb2.ClassificationRequest | tfs_pb2.RegressionRequest):
         # Each value costs at least one byte on the wire: a smaller message cannot break the per-feature count.
         check_examples(message.input, limits, per_feature=len(raw) > limits.max_ids_per_feature)
@@ -97,6 +98,24 @@ def _parse(kind: type[M], raw: bytes) -> M:
     except (DecodeError, RuntimeError, ValueError):  # upb: DecodeError; recursion and size guards: the others
         raise InvalidArgument(f"Cannot parse the {_NAMES.get(kind, 'request')} message") from None
     return message
+
+
+def input_bytes(
+    message: tfs_pb2.PredictRequest, raw: bytes, limits: LimitsSettings, max_body_bytes: int
+) -> int:
+    """The bytes the inputs of ``message`` (parsed from ``raw``) decode to; raises as :func:`check_tensor` for the
+    first input that breaks a bound. Read from ``raw`` natively when every input passes
+    (``gateway.native.predict_input_bytes``: about 1 µs an input against 4-8 µs here), else checked here."""
+    from gateway import native
+
+    fast = native.predict_input_bytes(
+        raw, _ITEM_BYTES, _DEFAULT_BYTES, MAX_RANK, limits.max_instances, max_body_bytes
+    )
+    if fast is not None:
+        return fast
+    return sum(
+        check_tensor(f"input {name!r}", t, limits, max_body_bytes) for name, t in message.inputs.items()
+    )
 
 
 def check_tensor(where: str, t: tfs_pb2.TensorProto, limits: LimitsSettings, max_body_bytes: int) -> int:
@@ -133,6 +152,10 @@ def _element_bytes(dtype: int) -> int:
     if np_dtype is None:
         return _DEFAULT_BYTES
     return _STRING_BYTES if np_dtype.kind == "O" else max(1, int(np_dtype.itemsize))
+
+
+# element bytes by DataType number, as _element_bytes gives them (the native check's table)
+_ITEM_BYTES: Final = tuple(_element_bytes(d) for d in range(max(NP_DTYPES) + 1))
 
 
 def _shape_text(sizes: list[int]) -> str:

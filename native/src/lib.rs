@@ -26,6 +26,7 @@ mod client;
 mod hot;
 mod tensor_features;
 mod spec_sizes;
+mod shape_check;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -435,5 +436,6 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     hot::register(m)?;
     tensor_features::register(m)?;
     spec_sizes::register(m)?;
+    shape_check::register(m)?;
     Ok(())
 }

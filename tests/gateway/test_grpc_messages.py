@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 from gateway import native
 from gateway.errors import InvalidArgument, PayloadTooLarge
 from gateway.grpc_front.messages import (
+    _ITEM_BYTES,
     MAX_NAME_BYTES,
     MAX_RANK,
     check_examples,
     check_message,
     check_spec_sizes,
     check_tensor,
+    input_bytes,
     parse_message,
 )
 from schemas.gateway_settings import LimitsSettings
@@ -242,3 +244,166 @@ def test_spec_sizes_read_natively_equal_the_reference(
         raw = raw[:cut]
     for message in (raw, junk, junk + raw):
         assert _spec_outcome(message, "auto") == _spec_outcome(message, "off")
+
+
+def _signed(value: int) -> bytes:
+    """A varint of an int64 (negative values as protobuf writes them: ten bytes of two's complement)."""
+    return _varint(value & (2**64 - 1))
+
+
+def _framed(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+_SIZES = st.integers(-3, 40) | st.integers(-(2**63), 2**63 - 1) | st.sampled_from([1, 2, 1000, 1001, 262_144])
+
+
+def _some(item: st.SearchStrategy[Any], most: int = 2) -> st.SearchStrategy[list[Any]]:
+    """Mostly exactly one ``item`` (protobuf's plain reading), else none or several (a merged or last-wins one)."""
+    return st.one_of(item.map(lambda x: [x]), item.map(lambda x: [x]), st.lists(item, max_size=most))
+
+
+_DIM = _some(_SIZES).map(lambda sizes: b"".join(b"\x08" + _signed(s) for s in sizes))
+_SHAPE = st.tuples(
+    st.lists(_DIM, max_size=4) | st.lists(_DIM, min_size=63, max_size=66),
+    st.sampled_from([None, None, 0, 1]),
+).map(lambda s: b"".join(_framed(2, d) for d in s[0]) + (b"" if s[1] is None else b"\x18" + _signed(s[1])))
+_DTYPES = st.sampled_from([0, 1, 2, 3, 4, 7, 9, 14, 19, 21, 23, 99, -1])
+_TENSOR = st.tuples(_some(_DTYPES), _some(_SHAPE), st.binary(max_size=8)).map(
+    lambda t: (
+        b"".join(b"\x08" + _signed(d) for d in t[0])
+        + b"".join(_framed(2, s) for s in t[1])
+        + (_framed(4, t[2]) if t[2] else b"")
+    )
+)
+_ENTRY = st.tuples(_some(st.sampled_from(["a", "b", "c", "d", "e", "f", "é"])), _some(_TENSOR)).map(
+    lambda e: b"".join(_framed(1, k.encode()) for k in e[0]) + b"".join(_framed(2, v) for v in e[1])
+)
+
+
+def _reference_bytes(message: tfs_pb2.PredictRequest, limits: LimitsSettings, max_body: int) -> object:
+    try:
+        return sum(check_tensor(f"input {k!r}", t, limits, max_body) for k, t in message.inputs.items())
+    except (InvalidArgument, PayloadTooLarge) as exc:
+        return type(exc).__name__
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    entries=st.lists(_ENTRY, max_size=5),
+    spec=st.booleans(),
+    max_instances=st.sampled_from([1, 1000]),
+    max_body=st.sampled_from([64, _MAX_BODY]),
+)
+def test_input_bytes_read_natively_equal_the_reference(
+    entries: list[bytes], spec: bool, max_instances: int, max_body: int
+) -> None:
+    """The native shape check (native/src/shape_check.rs) answers only what the reference (check_tensor over the
+    parsed message) answers, the same bytes; it declines every refusal (the reference words it) and answers every
+    message protobuf reads plainly (each key, dtype, shape and dim size once) whose inputs all pass."""
+    if not native.available() or not hasattr(native._module(), "predict_input_bytes"):
+        pytest.skip("embedgate_native is not built with the shape check (make install)")
+    raw = (_framed(1, b"\x0a\x01m") if spec else b"") + b"".join(_framed(2, e) for e in entries)
+    message = tfs_pb2.PredictRequest.FromString(raw)
+    limits = LimitsSettings(max_instances=max_instances, max_ids_per_feature=50)
+    want = _reference_bytes(message, limits, max_body)
+    got = native.predict_input_bytes(raw, _ITEM_BYTES, 8, MAX_RANK, max_instances, max_body)
+    if got is not None:
+        assert got == want
+    plain = _plainly_read(entries)
+    if isinstance(want, int) and plain:
+        assert got == want
+    with native_mode("auto"):
+        assert _outcome(message, raw, limits, max_body) == want
+    with native_mode("off"):
+        assert _outcome(message, raw, limits, max_body) == want
+
+
+def _outcome(message: tfs_pb2.PredictRequest, raw: bytes, limits: LimitsSettings, max_body: int) -> object:
+    try:
+        return input_bytes(message, raw, limits, max_body)
+    except (InvalidArgument, PayloadTooLarge) as exc:
+        return type(exc).__name__
+
+
+def _plainly_read(entries: list[bytes]) -> bool:
+    """Whether every entry has at most one key (all distinct), one value, and its tensor one dtype and one shape
+    whose dims have at most one size each: the readings the native check must answer."""
+    keys = []
+    for e in entries:
+        entry = tfs_pb2.PredictRequest.FromString(_framed(2, e))
+        fields = _fields(e)
+        if fields.count(1) > 1 or fields.count(2) > 1:
+            return False
+        keys.append(next(iter(entry.inputs)))
+        values = [v for n, v in _fields_with_values(e) if n == 2]
+        for v in values:
+            tf = _fields_with_values(v)
+            if [n for n, _ in tf].count(1) > 1 or [n for n, _ in tf].count(2) > 1:
+                return False
+            for n, shape in tf:
+                if n == 2:
+                    for dn, dim in _fields_with_values(shape):
+                        if dn == 2 and [m for m, _ in _fields_with_values(dim)].count(1) > 1:
+                            return False
+    return len(keys) == len(set(keys))
+
+
+def _fields(buf: bytes) -> list[int]:
+    return [n for n, _ in _fields_with_values(buf)]
+
+
+def _fields_with_values(buf: bytes) -> list[tuple[int, bytes]]:
+    """(number, payload) of each top-level field of ``buf`` (varints and length-delimited only)."""
+    out: list[tuple[int, bytes]] = []
+    i = 0
+    while i < len(buf):
+        tag, i = _read_varint(buf, i)
+        if tag & 7 == 0:
+            start = i
+            _, i = _read_varint(buf, i)
+            out.append((tag >> 3, buf[start:i]))
+        else:
+            n, i = _read_varint(buf, i)
+            out.append((tag >> 3, buf[i : i + n]))
+            i += n
+    return out
+
+
+def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, i
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        [1000],
+        [1001],
+        [262_144],
+        [262_145],
+        [2, 131_072],
+        [2, 131_073],
+        [-1],
+        [0, 2**62],
+        [2**62, 0],
+        [3] * 64,
+        [1] * 65,
+    ],
+)
+def test_input_bytes_at_the_bounds(shape: list[int]) -> None:
+    """At each bound (batch, decoded bytes, sign, rank) the native check answers as the reference or declines."""
+    if not native.available() or not hasattr(native._module(), "predict_input_bytes"):
+        pytest.skip("embedgate_native is not built with the shape check (make install)")
+    message = tfs_pb2.PredictRequest()
+    message.inputs["x"].CopyFrom(_tensor(shape))
+    raw = message.SerializeToString()
+    want = _reference_bytes(message, _LIMITS, _MAX_BODY)
+    got = native.predict_input_bytes(raw, _ITEM_BYTES, 8, MAX_RANK, _LIMITS.max_instances, _MAX_BODY)
+    assert got == (want if isinstance(want, int) else None)
