@@ -114,18 +114,30 @@ impl Conn {
                 let (send, conn) = h2::client::Builder::new()
                     .max_frame_size(MAX_FRAME)
                     .initial_window_size(self.window)
-                    .initial_connection_window_size(self.window.saturating_mul(CONN_WINDOW_FACTOR).min((1 << 31) - 1))
+                    .initial_connection_window_size(
+                        self.window
+                            .saturating_mul(CONN_WINDOW_FACTOR)
+                            .min((1 << 31) - 1),
+                    )
                     .max_concurrent_reset_streams(4096)
                     .handshake::<_, Bytes>(io)
                     .await
-                    .map_err(|e| NoConnection(format!("HTTP/2 handshake with {target} failed: {e}")))?;
+                    .map_err(|e| {
+                        NoConnection(format!("HTTP/2 handshake with {target} failed: {e}"))
+                    })?;
                 tokio::spawn(async move {
                     let _ = conn.await;
                 });
                 Ok(send)
             })
             .await
-            .map_err(|NoConnection(e)| if e.contains(target) { e } else { format!("{target}: {e}") })
+            .map_err(|NoConnection(e)| {
+                if e.contains(target) {
+                    e
+                } else {
+                    format!("{target}: {e}")
+                }
+            })
     }
 }
 

@@ -76,7 +76,12 @@ pub(crate) struct Budget {
 
 impl Budget {
     pub(crate) fn new(max: usize, text: String) -> Budget {
-        Budget { held: AtomicUsize::new(0), refused: AtomicU64::new(0), max, text }
+        Budget {
+            held: AtomicUsize::new(0),
+            refused: AtomicU64::new(0),
+            max,
+            text,
+        }
     }
 
     /// `n` bytes held until the returned hold is dropped; None when they do not fit.
@@ -120,7 +125,12 @@ pub(crate) struct Direct {
 }
 
 impl Direct {
-    pub(crate) fn new(paths: Vec<String>, max_message: usize, max_calls: usize, budget: Budget) -> Direct {
+    pub(crate) fn new(
+        paths: Vec<String>,
+        max_message: usize,
+        max_calls: usize,
+        budget: Budget,
+    ) -> Direct {
         let (tx, rx) = channel();
         Direct {
             paths,
@@ -270,7 +280,8 @@ async fn receive(body: &mut RecvStream, direct: &Direct) -> Result<Message, (u16
     let mut hold = None;
     let mut chunks = Vec::new();
     while let Some(chunk) = body.data().await {
-        let mut chunk = chunk.map_err(|e| (UNAVAILABLE, format!("the request stream failed: {e}")))?;
+        let mut chunk =
+            chunk.map_err(|e| (UNAVAILABLE, format!("the request stream failed: {e}")))?;
         let n = chunk.len();
         let _ = body.flow_control().release_capacity(n);
         if got < PREFIX {
@@ -283,7 +294,8 @@ async fn receive(body: &mut RecvStream, direct: &Direct) -> Result<Message, (u16
             if head[0] != 0 {
                 return Err((
                     INVALID_ARGUMENT,
-                    "the request message is marked compressed but the call names no grpc-encoding".into(),
+                    "the request message is marked compressed but the call names no grpc-encoding"
+                        .into(),
                 ));
             }
             let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
@@ -293,12 +305,20 @@ async fn receive(body: &mut RecvStream, direct: &Direct) -> Result<Message, (u16
                     format!("Received message larger than max ({len} vs. {max_message})"),
                 ));
             }
-            hold = Some(direct.budget.reserve(len).ok_or_else(|| (RESOURCE_EXHAUSTED, direct.budget.text.clone()))?);
+            hold = Some(
+                direct
+                    .budget
+                    .reserve(len)
+                    .ok_or_else(|| (RESOURCE_EXHAUSTED, direct.budget.text.clone()))?,
+            );
             declared = Some(len);
         }
         if let Some(len) = declared {
             if got > PREFIX + len {
-                return Err((INVALID_ARGUMENT, "a unary call carries exactly one request message".into()));
+                return Err((
+                    INVALID_ARGUMENT,
+                    "a unary call carries exactly one request message".into(),
+                ));
             }
         }
         if !chunk.is_empty() {
@@ -306,11 +326,22 @@ async fn receive(body: &mut RecvStream, direct: &Direct) -> Result<Message, (u16
         }
     }
     match declared {
-        None => Err((INVALID_ARGUMENT, "the call carries no request message".into())),
-        Some(len) if got < PREFIX + len => {
-            Err((INVALID_ARGUMENT, format!("the request message was cut short: {} of {len} bytes", got - PREFIX)))
-        }
-        Some(len) => Ok(Message { chunks, len, _hold: hold }),
+        None => Err((
+            INVALID_ARGUMENT,
+            "the call carries no request message".into(),
+        )),
+        Some(len) if got < PREFIX + len => Err((
+            INVALID_ARGUMENT,
+            format!(
+                "the request message was cut short: {} of {len} bytes",
+                got - PREFIX
+            ),
+        )),
+        Some(len) => Ok(Message {
+            chunks,
+            len,
+            _hold: hold,
+        }),
     }
 }
 
@@ -342,12 +373,20 @@ async fn answer(respond: &mut SendResponse<Bytes>, reply: Reply) -> Result<(), h
 }
 
 /// Serve one whole-message call: receive it, queue it for a worker, send the worker's answer.
-pub(crate) async fn serve(req: Request<RecvStream>, mut respond: SendResponse<Bytes>, direct: &Direct) {
+pub(crate) async fn serve(
+    req: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    direct: &Direct,
+) {
     let Ok(permit) = direct.permits.clone().acquire_owned().await else {
         return;
     };
     let (head, mut body) = req.into_parts();
-    let deadline = head.headers.get("grpc-timeout").and_then(parse_timeout).map(|t| Instant::now() + t);
+    let deadline = head
+        .headers
+        .get("grpc-timeout")
+        .and_then(parse_timeout)
+        .map(|t| Instant::now() + t);
     let message = if direct.authorized(&head.headers) {
         let receiving = async {
             match direct.receive_timeout {
@@ -380,9 +419,18 @@ pub(crate) async fn serve(req: Request<RecvStream>, mut respond: SendResponse<By
         reply: tx,
         _permit: permit,
     };
-    let queued = direct.tx.lock().ok().and_then(|tx| tx.as_ref().map(|tx| tx.send(pending).is_ok()));
+    let queued = direct
+        .tx
+        .lock()
+        .ok()
+        .and_then(|tx| tx.as_ref().map(|tx| tx.send(pending).is_ok()));
     if queued != Some(true) {
-        trailers_only(&mut respond, UNAVAILABLE, "the server is shutting down; retry later", &[]);
+        trailers_only(
+            &mut respond,
+            UNAVAILABLE,
+            "the server is shutting down; retry later",
+            &[],
+        );
         return;
     }
     let reply = tokio::select! {
@@ -395,7 +443,12 @@ pub(crate) async fn serve(req: Request<RecvStream>, mut respond: SendResponse<By
                 respond.send_reset(h2::Reason::CANCEL);
             }
         }
-        Err(_) => trailers_only(&mut respond, INTERNAL, "the server gave no answer to the call", &[]),
+        Err(_) => trailers_only(
+            &mut respond,
+            INTERNAL,
+            "the server gave no answer to the call",
+            &[],
+        ),
     }
 }
 
@@ -420,12 +473,16 @@ pub struct DirectCall {
 impl DirectCall {
     /// The call's metadata: (key, value) pairs, keys in lower case, values as sent (``-bin`` ones base64).
     fn metadata<'py>(&self, py: Python<'py>) -> Vec<(String, Bound<'py, PyBytes>)> {
-        self.metadata.iter().map(|(k, v)| (k.clone(), PyBytes::new(py, v))).collect()
+        self.metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), PyBytes::new(py, v)))
+            .collect()
     }
 
     /// Seconds left before the call's deadline (None: sent without one; 0 once passed).
     fn time_remaining(&self) -> Option<f64> {
-        self.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_secs_f64())
+        self.deadline
+            .map(|d| d.saturating_duration_since(Instant::now()).as_secs_f64())
     }
 
     /// Whether the message was received (False: withheld, the call carrying no token the gate knows; see
@@ -438,7 +495,11 @@ impl DirectCall {
     /// Whether the client is gone (it reset the call, or the gate closed): an answer would be discarded.
     #[getter]
     fn cancelled(&self) -> bool {
-        self.reply.lock().ok().and_then(|r| r.as_ref().map(|tx| tx.is_closed())).unwrap_or(true)
+        self.reply
+            .lock()
+            .ok()
+            .and_then(|r| r.as_ref().map(|tx| tx.is_closed()))
+            .unwrap_or(true)
     }
 
     /// The request message (once; its buffer is freed).
@@ -449,21 +510,38 @@ impl DirectCall {
                 // one copy, from the frames' chunks straight into the bytes object; off the interpreter lock when
                 // the message is large
                 let len = m.len;
-                fresh_bytes(py, len, copied_off_lock(len), move |buf: &mut [u8]| m.copy_to(buf))
+                fresh_bytes(py, len, copied_off_lock(len), move |buf: &mut [u8]| {
+                    m.copy_to(buf)
+                })
             }
-            None if !self.received => Err(pyo3::exceptions::PyValueError::new_err("the message was withheld")),
-            None => Err(pyo3::exceptions::PyValueError::new_err("the message was already taken")),
+            None if !self.received => Err(pyo3::exceptions::PyValueError::new_err(
+                "the message was withheld",
+            )),
+            None => Err(pyo3::exceptions::PyValueError::new_err(
+                "the message was already taken",
+            )),
         }
     }
 
     /// Answer the call: `code` 0 with `body` (the serialized response), or a status `code` and `details`;
     /// `trailers` go with the status. False when the call was already answered or its client is gone.
     #[pyo3(signature = (code, details, body=None, trailers=Vec::new()))]
-    fn respond(&self, code: u16, details: &str, body: Option<&[u8]>, trailers: Vec<(String, String)>) -> bool {
+    fn respond(
+        &self,
+        code: u16,
+        details: &str,
+        body: Option<&[u8]>,
+        trailers: Vec<(String, String)>,
+    ) -> bool {
         let Some(tx) = self.reply.lock().ok().and_then(|mut r| r.take()) else {
             return false;
         };
-        let reply = Reply { code, details: details.to_string(), body: body.map(framed), trailers };
+        let reply = Reply {
+            code,
+            details: details.to_string(),
+            body: body.map(framed),
+            trailers,
+        };
         tx.send(reply).is_ok()
     }
 }
@@ -512,7 +590,13 @@ mod tests {
         h.insert("x-id-bin", HeaderValue::from_static("AAE="));
         let mut got = metadata(&h);
         got.sort();
-        assert_eq!(got, vec![("authorization".into(), b"Bearer t".to_vec()), ("x-id-bin".into(), b"AAE=".to_vec())]);
+        assert_eq!(
+            got,
+            vec![
+                ("authorization".into(), b"Bearer t".to_vec()),
+                ("x-id-bin".into(), b"AAE=".to_vec())
+            ]
+        );
     }
 
     #[test]
@@ -556,7 +640,11 @@ mod tests {
 
     #[test]
     fn trailers_carry_the_status_its_text_and_the_extras() {
-        let map = trailer_map(3, "bad é", &[("x-a".into(), "1".into()), ("Bad Name".into(), "2".into())]);
+        let map = trailer_map(
+            3,
+            "bad é",
+            &[("x-a".into(), "1".into()), ("Bad Name".into(), "2".into())],
+        );
         assert_eq!(map.get("grpc-status").unwrap(), "3");
         assert_eq!(map.get("grpc-message").unwrap(), "bad %C3%A9");
         assert_eq!(map.get("x-a").unwrap(), "1");

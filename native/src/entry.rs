@@ -127,7 +127,10 @@ pub fn entry_request<'py>(
                 put(s);
             }
         }
-        assert_eq!(at, total, "entry_request: the request's size was miscounted");
+        assert_eq!(
+            at, total,
+            "entry_request: the request's size was miscounted"
+        );
     })
 }
 
@@ -140,7 +143,8 @@ pub(crate) fn fresh_bytes<'py>(
     release: bool,
     fill: impl FnOnce(&mut [u8]) + Send,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let n = isize::try_from(len).map_err(|_| PyOverflowError::new_err("too long for a bytes object"))?;
+    let n = isize::try_from(len)
+        .map_err(|_| PyOverflowError::new_err("too long for a bytes object"))?;
     // SAFETY: a new bytes object of `len` bytes, uninitialised and seen by no other thread until it is returned (so
     // filling it needs no interpreter lock); `fill` writes every byte before Python sees it.
     unsafe {

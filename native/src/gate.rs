@@ -37,7 +37,10 @@ use tokio::sync::watch;
 
 use crate::direct::{self, Budget, Direct, DirectCall};
 
-const GUARDED: [&str; 2] = ["/tensorflow.serving.PredictionService/", "/tensorflow.serving.ModelService/"];
+const GUARDED: [&str; 2] = [
+    "/tensorflow.serving.PredictionService/",
+    "/tensorflow.serving.ModelService/",
+];
 
 /// Why admission refuses now (published by the gateway).
 const OPEN: u8 = 0;
@@ -51,12 +54,12 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Shared {
     reason: AtomicU8,
-    in_flight: AtomicI64,    // the gateway's admission: admitted and not released
-    limit: AtomicI64,        // its concurrency limit
-    waiting: AtomicI64,      // its queue
-    lag_ms: AtomicI64,       // how late its loop runs
-    capacity: AtomicI64,     // relayed guarded calls allowed at once
-    relayed: AtomicI64,      // relayed guarded calls not yet answered
+    in_flight: AtomicI64, // the gateway's admission: admitted and not released
+    limit: AtomicI64,     // its concurrency limit
+    waiting: AtomicI64,   // its queue
+    lag_ms: AtomicI64,    // how late its loop runs
+    capacity: AtomicI64,  // relayed guarded calls allowed at once
+    relayed: AtomicI64,   // relayed guarded calls not yet answered
     refused: [AtomicU64; 3], // queue_full, loop_lag, gate_full
     max_in_flight: i64,
     max_lag_text: String, // admission.max_loop_lag_s as the gateway words it
@@ -130,7 +133,9 @@ pub(crate) struct Reconnecting {
 
 impl Reconnecting {
     pub(crate) fn new() -> Reconnecting {
-        Reconnecting { conn: tokio::sync::Mutex::new((0, None)) }
+        Reconnecting {
+            conn: tokio::sync::Mutex::new((0, None)),
+        }
     }
 
     /// A sender ready for a new stream: the current connection's, or one `open` makes when it is gone.
@@ -174,8 +179,9 @@ impl Upstream {
     async fn sender(&self) -> Result<SendRequest<Bytes>, h2::Error> {
         self.conn
             .sender(|| async {
-                let io =
-                    UnixStream::connect(&self.path).await.map_err(|_| h2::Error::from(Reason::REFUSED_STREAM))?;
+                let io = UnixStream::connect(&self.path)
+                    .await
+                    .map_err(|_| h2::Error::from(Reason::REFUSED_STREAM))?;
                 let (send, conn) = h2::client::Builder::new()
                     .max_frame_size(MAX_FRAME)
                     .initial_window_size(WINDOW)
@@ -212,7 +218,10 @@ pub(crate) fn trailer_map(code: u16, details: &str, extra: &[(String, String)]) 
         map.insert("grpc-message", grpc_message(details));
     }
     for (k, v) in extra {
-        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(v),
+        ) {
             map.append(k, v);
         }
     }
@@ -220,8 +229,16 @@ pub(crate) fn trailer_map(code: u16, details: &str, extra: &[(String, String)]) 
 }
 
 /// A trailers-only answer (status, text and trailers in the one HEADERS frame that ends the stream).
-pub(crate) fn trailers_only(respond: &mut SendResponse<Bytes>, code: u16, details: &str, extra: &[(String, String)]) {
-    let mut resp = Response::builder().status(200).body(()).expect("static response parts");
+pub(crate) fn trailers_only(
+    respond: &mut SendResponse<Bytes>,
+    code: u16,
+    details: &str,
+    extra: &[(String, String)],
+) {
+    let mut resp = Response::builder()
+        .status(200)
+        .body(())
+        .expect("static response parts");
     let headers = resp.headers_mut();
     headers.insert("content-type", HeaderValue::from_static("application/grpc"));
     headers.extend(trailer_map(code, details, extra));
@@ -231,7 +248,10 @@ pub(crate) fn trailers_only(respond: &mut SendResponse<Bytes>, code: u16, detail
 }
 
 /// Send `chunk` on `out` as flow control allows (so the gate holds at most a window of it).
-pub(crate) async fn send_all(out: &mut SendStream<Bytes>, mut chunk: Bytes) -> Result<(), h2::Error> {
+pub(crate) async fn send_all(
+    out: &mut SendStream<Bytes>,
+    mut chunk: Bytes,
+) -> Result<(), h2::Error> {
     while !chunk.is_empty() {
         out.reserve_capacity(chunk.len());
         let granted = match poll_fn(|cx| out.poll_capacity(cx)).await {
@@ -265,17 +285,30 @@ fn upstream_request(head: &http::request::Parts) -> Request<()> {
     let path = head.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let uri = Uri::builder()
         .scheme("http")
-        .authority(head.uri.authority().map(|a| a.as_str()).unwrap_or("localhost"))
+        .authority(
+            head.uri
+                .authority()
+                .map(|a| a.as_str())
+                .unwrap_or("localhost"),
+        )
         .path_and_query(path)
         .build()
         .unwrap_or_else(|_| Uri::from_static("http://localhost/"));
-    let mut req = Request::builder().method(head.method.clone()).uri(uri).body(()).expect("request parts");
+    let mut req = Request::builder()
+        .method(head.method.clone())
+        .uri(uri)
+        .body(())
+        .expect("request parts");
     *req.headers_mut() = head.headers.clone();
     req
 }
 
 /// Relay one call to the Python front and its answer back.
-async fn relay(req: Request<RecvStream>, respond: &mut SendResponse<Bytes>, up: &Upstream) -> Result<(), h2::Error> {
+async fn relay(
+    req: Request<RecvStream>,
+    respond: &mut SendResponse<Bytes>,
+    up: &Upstream,
+) -> Result<(), h2::Error> {
     let (head, body) = req.into_parts();
     let mut sender = up.sender().await?;
     let ended = body.is_end_stream();
@@ -320,7 +353,12 @@ async fn relay(req: Request<RecvStream>, respond: &mut SendResponse<Bytes>, up: 
     Ok(())
 }
 
-async fn call(req: Request<RecvStream>, mut respond: SendResponse<Bytes>, shared: Arc<Shared>, up: Arc<Upstream>) {
+async fn call(
+    req: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    shared: Arc<Shared>,
+    up: Arc<Upstream>,
+) {
     let path = req.uri().path();
     let guarded = GUARDED.iter().any(|p| path.starts_with(p));
     let _slot = if guarded {
@@ -344,12 +382,22 @@ async fn call(req: Request<RecvStream>, mut respond: SendResponse<Bytes>, shared
         if shared.closing.load(Ordering::Acquire) {
             respond.send_reset(Reason::REFUSED_STREAM);
         } else {
-            trailers_only(&mut respond, 14, "The gateway's gRPC front is not reachable; retry later", &[]);
+            trailers_only(
+                &mut respond,
+                14,
+                "The gateway's gRPC front is not reachable; retry later",
+                &[],
+            );
         }
     }
 }
 
-async fn connection(sock: TcpStream, shared: Arc<Shared>, up: Arc<Upstream>, mut stop: watch::Receiver<bool>) {
+async fn connection(
+    sock: TcpStream,
+    shared: Arc<Shared>,
+    up: Arc<Upstream>,
+    mut stop: watch::Receiver<bool>,
+) {
     let _ = sock.set_nodelay(true);
     let handshake = h2::server::Builder::new()
         .max_frame_size(MAX_FRAME)
@@ -385,7 +433,12 @@ async fn connection(sock: TcpStream, shared: Arc<Shared>, up: Arc<Upstream>, mut
     }
 }
 
-async fn serve(listeners: Vec<TcpListener>, shared: Arc<Shared>, up: Arc<Upstream>, stop: watch::Receiver<bool>) {
+async fn serve(
+    listeners: Vec<TcpListener>,
+    shared: Arc<Shared>,
+    up: Arc<Upstream>,
+    stop: watch::Receiver<bool>,
+) {
     let mut tasks = Vec::new();
     for listener in listeners {
         let (shared, up, mut stop) = (shared.clone(), up.clone(), stop.clone());
@@ -419,7 +472,11 @@ fn bind(addrs: &[SocketAddr], backlog: u32, reuse_port: bool) -> std::io::Result
     for addr in addrs {
         let mut addr = *addr;
         addr.set_port(port);
-        let sock = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        let sock = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
         sock.set_reuseaddr(true)?;
         sock.set_reuseport(reuse_port)?; // several gateway workers share the port, as gRPC's own server does
         sock.set_nodelay(true)?;
@@ -481,25 +538,37 @@ impl GrpcGate {
         tokens: Option<Vec<Vec<u8>>>,
     ) -> PyResult<Self> {
         if status != 8 && status != 14 {
-            return Err(PyValueError::new_err(format!("refusal status must be 8 or 14, not {status}")));
+            return Err(PyValueError::new_err(format!(
+                "refusal status must be 8 or 14, not {status}"
+            )));
         }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
             .build()
             .map_err(|e| PyOSError::new_err(format!("gRPC gate runtime: {e}")))?;
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
         let listeners = runtime
             .block_on(async {
-                let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port)).await?.collect();
+                let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
+                    .await?
+                    .collect();
                 if addrs.is_empty() {
                     return Err(std::io::Error::other("no address"));
                 }
                 let mut seen = HashMap::new();
-                let addrs: Vec<SocketAddr> = addrs.into_iter().filter(|a| seen.insert(*a, ()).is_none()).collect();
+                let addrs: Vec<SocketAddr> = addrs
+                    .into_iter()
+                    .filter(|a| seen.insert(*a, ()).is_none())
+                    .collect();
                 bind(&addrs, 4096, reuse_port)
             })
-            .map_err(|e| PyOSError::new_err(format!("cannot listen for gRPC on {host}:{port}: {e}")))?;
+            .map_err(|e| {
+                PyOSError::new_err(format!("cannot listen for gRPC on {host}:{port}: {e}"))
+            })?;
         let bound = listeners[0].local_addr().map(|a| a.port()).unwrap_or(0);
         let shared = Arc::new(Shared {
             reason: AtomicU8::new(OPEN),
@@ -515,24 +584,40 @@ impl GrpcGate {
             status,
             closing: AtomicBool::new(false),
             direct: (!direct.is_empty()).then(|| {
-                let d = Direct::new(direct, max_message, max_calls, Budget::new(max_bytes, bytes_text));
+                let d = Direct::new(
+                    direct,
+                    max_message,
+                    max_calls,
+                    Budget::new(max_bytes, bytes_text),
+                );
                 d.set_tokens(tokens);
                 if receive_timeout_s > 0.0 {
-                    d.with_receive_timeout(Duration::from_secs_f64(receive_timeout_s.min(86_400.0)), timeout_text)
+                    d.with_receive_timeout(
+                        Duration::from_secs_f64(receive_timeout_s.min(86_400.0)),
+                        timeout_text,
+                    )
                 } else {
                     d
                 }
             }),
             window: stream_window.clamp(WINDOW, (1 << 31) - 1),
         });
-        let up = Arc::new(Upstream { path: PathBuf::from(upstream), conn: Reconnecting::new() });
+        let up = Arc::new(Upstream {
+            path: PathBuf::from(upstream),
+            conn: Reconnecting::new(),
+        });
         let (stop, stop_rx) = watch::channel(false);
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("embedgate-gate".into())
             .spawn(move || runtime.block_on(serve(listeners, s, up, stop_rx)))
             .map_err(|e| PyOSError::new_err(format!("gRPC gate thread: {e}")))?;
-        Ok(GrpcGate { shared, port: bound, stop, thread: Mutex::new(Some(thread)) })
+        Ok(GrpcGate {
+            shared,
+            port: bound,
+            stop,
+            thread: Mutex::new(Some(thread)),
+        })
     }
 
     /// The port listened on.
@@ -544,7 +629,15 @@ impl GrpcGate {
     /// The gateway's admission now: `reason` 0 (admits), 1 (queue full) or 2 (loop lagging), its numbers for the
     /// refusal's text, and `capacity`, the relayed calls allowed at once (its limit, queue room and a margin).
     #[pyo3(signature = (reason, in_flight, limit, waiting, lag_ms, capacity))]
-    fn set_state(&self, reason: u8, in_flight: i64, limit: i64, waiting: i64, lag_ms: i64, capacity: i64) {
+    fn set_state(
+        &self,
+        reason: u8,
+        in_flight: i64,
+        limit: i64,
+        waiting: i64,
+        lag_ms: i64,
+        capacity: i64,
+    ) {
         let s = &self.shared;
         s.in_flight.store(in_flight, Ordering::Relaxed);
         s.limit.store(limit, Ordering::Relaxed);
@@ -574,8 +667,18 @@ impl GrpcGate {
     /// that did not fit `max_bytes`).
     fn take_refused(&self) -> (u64, u64, u64, u64) {
         let r = &self.shared.refused;
-        let bytes = self.shared.direct.as_ref().map(|d| d.budget.refused.swap(0, Ordering::Relaxed)).unwrap_or(0);
-        (r[0].swap(0, Ordering::Relaxed), r[1].swap(0, Ordering::Relaxed), r[2].swap(0, Ordering::Relaxed), bytes)
+        let bytes = self
+            .shared
+            .direct
+            .as_ref()
+            .map(|d| d.budget.refused.swap(0, Ordering::Relaxed))
+            .unwrap_or(0);
+        (
+            r[0].swap(0, Ordering::Relaxed),
+            r[1].swap(0, Ordering::Relaxed),
+            r[2].swap(0, Ordering::Relaxed),
+            bytes,
+        )
     }
 
     /// Whether `close` was called (`next_call` then answers None once the queued calls are taken).
@@ -602,7 +705,8 @@ impl GrpcGate {
         let handle = self.thread.lock().ok().and_then(|mut t| t.take());
         if let Some(handle) = handle {
             py.allow_threads(|| {
-                let deadline = std::time::Instant::now() + Duration::from_secs_f64(grace_s.max(0.0));
+                let deadline =
+                    std::time::Instant::now() + Duration::from_secs_f64(grace_s.max(0.0));
                 while !handle.is_finished() && std::time::Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -648,7 +752,10 @@ mod tests {
         assert!(a.is_none() && b.is_none());
         let (reason, text) = s.admit().expect("third call refused");
         assert_eq!(reason, 2);
-        assert!(text.starts_with("Too many calls in flight at the gRPC front: 2 at its limit of 2"), "{text}");
+        assert!(
+            text.starts_with("Too many calls in flight at the gRPC front: 2 at its limit of 2"),
+            "{text}"
+        );
         assert_eq!(s.relayed.load(Ordering::Acquire), 2); // the refused call took no slot
         drop(Slot(s.clone()));
         assert!(s.admit().is_none());

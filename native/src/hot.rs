@@ -16,7 +16,10 @@
 //! * inputs: `rows__<table>` for each table a sparse feature reads (manifest order), then per sparse feature its
 //!   `index__`, `splits__` (multi) and `weights__` (features with weights), then the dense features.
 
-use numpy::{PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArrayDyn, PyReadwriteArray1, PyUntypedArrayMethods};
+use numpy::{
+    PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArrayDyn, PyReadwriteArray1,
+    PyUntypedArrayMethods,
+};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -46,7 +49,9 @@ compile_error!("tensor_content is little-endian: this writer copies native memor
 /// The bytes of a slice of plain numbers (little-endian, as `tensor_content` holds them).
 fn bytes_of<T: Copy>(values: &[T]) -> &[u8] {
     // SAFETY: T is f32 / i32 here (no padding, every bit pattern valid as u8); the length is the slice's byte size.
-    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) }
+    unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    }
 }
 
 /// One sparse feature: its table's index, ids, `index__` name, (`splits__` name, row splits) of a multi feature,
@@ -72,8 +77,9 @@ fn contiguous<'a, T: numpy::Element>(
     a: &'a numpy::PyReadonlyArray<'_, T, impl numpy::ndarray::Dimension>,
     what: &str,
 ) -> PyResult<&'a [T]> {
-    a.as_slice()
-        .map_err(|_| PyTypeError::new_err(format!("cached_entry_request: {what} must be contiguous")))
+    a.as_slice().map_err(|_| {
+        PyTypeError::new_err(format!("cached_entry_request: {what} must be contiguous"))
+    })
 }
 
 /// `(request bytes, rows read)` when the cache holds every row of the batch, else None with nothing changed (see the
@@ -93,12 +99,21 @@ pub fn cached_entry_request<'py>(
     let row_width = match row_dtype {
         DT_FLOAT => 4,
         DT_BFLOAT16 => 2,
-        _ => return Err(PyValueError::new_err("cached_entry_request: rows go as float32 or bfloat16")),
+        _ => {
+            return Err(PyValueError::new_err(
+                "cached_entry_request: rows go as float32 or bfloat16",
+            ))
+        }
     };
     if num_shards == 0 || features.iter().any(|f| f.0 >= num_tables) {
-        return Err(PyValueError::new_err("cached_entry_request: a table index or num_shards out of range"));
+        return Err(PyValueError::new_err(
+            "cached_entry_request: a table index or num_shards out of range",
+        ));
     }
-    let ids = features.iter().map(|f| contiguous(&f.1, "ids")).collect::<PyResult<Vec<&[i64]>>>()?;
+    let ids = features
+        .iter()
+        .map(|f| contiguous(&f.1, "ids"))
+        .collect::<PyResult<Vec<&[i64]>>>()?;
     let table_of: Vec<usize> = features.iter().map(|f| f.0).collect();
     if ids.iter().map(|s| s.len()).sum::<usize>() >= i32::MAX as usize {
         return Ok(None);
@@ -110,7 +125,11 @@ pub fn cached_entry_request<'py>(
             None => None,
             Some((name, s)) => {
                 let s = contiguous(s, "row splits")?;
-                let Ok(s) = s.iter().map(|&x| i32::try_from(x)).collect::<Result<Vec<i32>, _>>() else {
+                let Ok(s) = s
+                    .iter()
+                    .map(|&x| i32::try_from(x))
+                    .collect::<Result<Vec<i32>, _>>()
+                else {
                     return Ok(None);
                 };
                 Some((name.as_str(), s))
@@ -122,7 +141,9 @@ pub fn cached_entry_request<'py>(
             Some((name, Some(w))) => {
                 let w = contiguous(w, "weights")?;
                 if w.len() != ids.len() {
-                    return Err(PyValueError::new_err("cached_entry_request: weights and ids differ in length"));
+                    return Err(PyValueError::new_err(
+                        "cached_entry_request: weights and ids differ in length",
+                    ));
                 }
                 Some((name.as_str(), Some(w)))
             }
@@ -140,11 +161,14 @@ pub fn cached_entry_request<'py>(
             for s in 0..num_shards {
                 for (t, map) in maps.iter().enumerate() {
                     let g = s * num_tables + t;
-                    let group = &planned.grouped[planned.bounds[g] as usize..planned.bounds[g + 1] as usize];
+                    let group = &planned.grouped
+                        [planned.bounds[g] as usize..planned.bounds[g + 1] as usize];
                     for id in group {
                         let slot = usize::try_from(*map.get(id)?).ok()?;
                         if slot >= capacities[t] {
-                            return Some(Err(format!("slot {slot} of id {id} is outside the rows")));
+                            return Some(Err(format!(
+                                "slot {slot} of id {id} is outside the rows"
+                            )));
                         }
                         slots[t].push(slot);
                         reads.push((t, slot));
@@ -163,20 +187,30 @@ pub fn cached_entry_request<'py>(
         let mut used = tables
             .iter_mut()
             .map(|t| {
-                t.3.as_slice_mut()
-                    .map_err(|_| PyTypeError::new_err("cached_entry_request: used must be contiguous"))
+                t.3.as_slice_mut().map_err(|_| {
+                    PyTypeError::new_err("cached_entry_request: used must be contiguous")
+                })
             })
             .collect::<PyResult<Vec<&mut [i64]>>>()?;
         if used.iter().zip(&capacities).any(|(u, &c)| u.len() < c) {
-            return Err(PyValueError::new_err("cached_entry_request: used is shorter than rows"));
+            return Err(PyValueError::new_err(
+                "cached_entry_request: used is shorter than rows",
+            ));
         }
         for (k, &(t, slot)) in reads.iter().enumerate() {
             used[t][slot] = tick + k as i64;
         }
     }
-    let rows = tables.iter().map(|t| contiguous(&t.2, "rows")).collect::<PyResult<Vec<&[f32]>>>()?;
+    let rows = tables
+        .iter()
+        .map(|t| contiguous(&t.2, "rows"))
+        .collect::<PyResult<Vec<&[f32]>>>()?;
     // all ones for the longest feature that has a weights input and was sent none
-    let unweighted = weights.iter().zip(&ids).filter(|(w, _)| matches!(w, Some((_, None)))).map(|(_, i)| i.len());
+    let unweighted = weights
+        .iter()
+        .zip(&ids)
+        .filter(|(w, _)| matches!(w, Some((_, None))))
+        .map(|(_, i)| i.len());
     let ones: Vec<f32> = vec![1.0; unweighted.max().unwrap_or(0)];
     // (framing, content parts) of every input, in request order
     let mut pieces: Vec<(Vec<u8>, Vec<&[u8]>)> = Vec::new();
@@ -185,7 +219,15 @@ pub fn cached_entry_request<'py>(
         if let Some(name) = &table.0 {
             let shape = [slots[t].len() as i64, dims[t] as i64];
             gathers.push((t, pieces.len()));
-            pieces.push((framing(name, row_dtype, &shape, slots[t].len() * dims[t] * row_width), Vec::new()));
+            pieces.push((
+                framing(
+                    name,
+                    row_dtype,
+                    &shape,
+                    slots[t].len() * dims[t] * row_width,
+                ),
+                Vec::new(),
+            ));
         }
     }
     let mut at = 0usize;
@@ -193,22 +235,34 @@ pub fn cached_entry_request<'py>(
         let n = ids[k].len();
         let index = &planned.rows[at..at + n];
         at += n;
-        pieces.push((framing(&f.2, DT_INT32, &[n as i64], n * 4), vec![bytes_of(index)]));
+        pieces.push((
+            framing(&f.2, DT_INT32, &[n as i64], n * 4),
+            vec![bytes_of(index)],
+        ));
         if let Some((name, s)) = &splits[k] {
-            pieces.push((framing(name, DT_INT32, &[s.len() as i64], s.len() * 4), vec![bytes_of(s)]));
+            pieces.push((
+                framing(name, DT_INT32, &[s.len() as i64], s.len() * 4),
+                vec![bytes_of(s)],
+            ));
         }
         if let Some((name, w)) = &weights[k] {
             let w: &[f32] = match w {
                 Some(w) => w,
                 None => &ones[..n],
             };
-            pieces.push((framing(name, DT_FLOAT, &[n as i64], n * 4), vec![bytes_of(w)]));
+            pieces.push((
+                framing(name, DT_FLOAT, &[n as i64], n * 4),
+                vec![bytes_of(w)],
+            ));
         }
     }
     for (name, array) in &dense {
         let values = contiguous(array, "dense features")?;
         let shape: Vec<i64> = array.shape().iter().map(|&d| d as i64).collect();
-        pieces.push((framing(name, DT_FLOAT, &shape, values.len() * 4), vec![bytes_of(values)]));
+        pieces.push((
+            framing(name, DT_FLOAT, &shape, values.len() * 4),
+            vec![bytes_of(values)],
+        ));
     }
     let mut total = head.len();
     for (frame, parts) in &pieces {
@@ -246,7 +300,10 @@ pub fn cached_entry_request<'py>(
                 put(part);
             }
         }
-        assert_eq!(out, total, "cached_entry_request: the request's size was miscounted");
+        assert_eq!(
+            out, total,
+            "cached_entry_request: the request's size was miscounted"
+        );
     })?;
     Ok(Some((wire, reads.len())))
 }

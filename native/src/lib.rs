@@ -11,22 +11,22 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde_json::{Map, Value};
 
-mod response;
+mod client;
+mod direct;
+mod entry;
+mod features;
+mod gate;
+mod hot;
 mod plan;
 mod pool;
-mod features;
-mod rest_body;
-mod entry;
-mod scan;
 mod predict_req;
-mod wire;
-mod gate;
-mod direct;
-mod client;
-mod hot;
-mod tensor_features;
-mod spec_sizes;
+mod response;
+mod rest_body;
+mod scan;
 mod shape_check;
+mod spec_sizes;
+mod tensor_features;
+mod wire;
 
 // tensorflow/core/framework/types.proto DataType numbers
 const DT_FLOAT: i32 = 1;
@@ -181,11 +181,18 @@ fn single(value: &Value, dtype: i32) -> Option<(Vec<usize>, Data)> {
     Some((shape, data))
 }
 
-fn from_instances(instances: &[Value], names: &[String], dtypes: &[i32]) -> Option<Vec<(Vec<usize>, Data)>> {
+fn from_instances(
+    instances: &[Value],
+    names: &[String],
+    dtypes: &[i32],
+) -> Option<Vec<(Vec<usize>, Data)>> {
     let first = instances.first()?;
     let mut columns = Vec::with_capacity(names.len());
     for &d in dtypes {
-        columns.push(Column { item_shape: None, data: Data::new(d)? });
+        columns.push(Column {
+            item_shape: None,
+            data: Data::new(d)?,
+        });
     }
     if is_element_object(first) {
         for elem in instances {
@@ -252,10 +259,14 @@ fn type_doc(doc: &Value, names: &[String], dtypes: &[i32]) -> Option<Typed> {
         sig.as_str()?;
     }
     match (obj.get("instances"), obj.get("inputs")) {
-        (Some(Value::Array(instances)), None) if !instances.is_empty() => {
-            Some(Typed { columns: from_instances(instances, names, dtypes)?, row: true })
-        }
-        (None, Some(inputs)) => Some(Typed { columns: from_inputs(inputs, names, dtypes)?, row: false }),
+        (Some(Value::Array(instances)), None) if !instances.is_empty() => Some(Typed {
+            columns: from_instances(instances, names, dtypes)?,
+            row: true,
+        }),
+        (None, Some(inputs)) => Some(Typed {
+            columns: from_inputs(inputs, names, dtypes)?,
+            row: false,
+        }),
         _ => None,
     }
 }

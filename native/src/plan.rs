@@ -11,7 +11,10 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyUntypedArrayMethods};
+use numpy::{
+    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1,
+    PyUntypedArrayMethods,
+};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -68,7 +71,10 @@ struct Dedup {
 
 impl Dedup {
     fn new(expected: usize) -> Self {
-        let cap = (expected.max(8) * 2).next_power_of_two().min(1 << 16).max(16);
+        let cap = (expected.max(8) * 2)
+            .next_power_of_two()
+            .min(1 << 16)
+            .max(16);
         Dedup {
             keys: vec![0; cap],
             slots: vec![0; cap],
@@ -132,7 +138,10 @@ impl Dedup {
 fn order_by_shard(dedup: &Dedup, num_shards: usize) -> (Vec<(u32, i64)>, Vec<i32>) {
     let mut ids = dedup.unique.clone();
     ids.sort_unstable();
-    let shards: Vec<u32> = ids.iter().map(|&id| (mix64(id) % num_shards as u64) as u32).collect();
+    let shards: Vec<u32> = ids
+        .iter()
+        .map(|&id| (mix64(id) % num_shards as u64) as u32)
+        .collect();
     let mut start = vec![0usize; num_shards + 1];
     for &s in &shards {
         start[s as usize + 1] += 1;
@@ -151,7 +160,12 @@ fn order_by_shard(dedup: &Dedup, num_shards: usize) -> (Vec<(u32, i64)>, Vec<i32
     (sorted, row_of)
 }
 
-pub(crate) fn plan(features: &[&[i64]], tables: &[usize], num_tables: usize, num_shards: usize) -> Plan {
+pub(crate) fn plan(
+    features: &[&[i64]],
+    tables: &[usize],
+    num_tables: usize,
+    num_shards: usize,
+) -> Plan {
     let total: usize = features.iter().map(|f| f.len()).sum();
     let mut rows = vec![0i32; total];
     let mut offsets = Vec::with_capacity(features.len());
@@ -194,7 +208,11 @@ pub(crate) fn plan(features: &[&[i64]], tables: &[usize], num_tables: usize, num
             bounds.push(grouped.len() as i64);
         }
     }
-    Plan { grouped, bounds, rows }
+    Plan {
+        grouped,
+        bounds,
+        rows,
+    }
 }
 
 /// `(grouped, bounds, rows)` of the lookup plan of one batch (module docstring). `ids[k]`: feature k's ids (int64,
@@ -212,7 +230,9 @@ pub fn plan_lookups<'py>(
     Bound<'py, PyArray1<i32>>,
 )> {
     if ids.len() != tables.len() {
-        return Err(PyValueError::new_err("plan_lookups: one table index per feature"));
+        return Err(PyValueError::new_err(
+            "plan_lookups: one table index per feature",
+        ));
     }
     if num_shards == 0 || tables.iter().any(|&t| t >= num_tables) {
         return Err(PyValueError::new_err(
@@ -228,7 +248,9 @@ pub fn plan_lookups<'py>(
         .collect::<PyResult<Vec<&[i64]>>>()?;
     let total: usize = slices.iter().map(|s| s.len()).sum();
     if total >= i32::MAX as usize {
-        return Err(PyValueError::new_err("plan_lookups: too many ids for int32 rows"));
+        return Err(PyValueError::new_err(
+            "plan_lookups: too many ids for int32 rows",
+        ));
     }
     let done = py.allow_threads(|| plan(&slices, &tables, num_tables, num_shards));
     Ok((
@@ -310,23 +332,33 @@ impl SlotIndex {
         mut used: PyReadwriteArray1<'py, i64>,
         tick: i64,
     ) -> PyResult<(Bound<'py, PyArray1<bool>>, Bound<'py, PyArray2<f32>>)> {
-        let bad = |what: &str| PyTypeError::new_err(format!("SlotIndex.read: {what} must be contiguous"));
+        let bad =
+            |what: &str| PyTypeError::new_err(format!("SlotIndex.read: {what} must be contiguous"));
         let ids = ids.as_slice().map_err(|_| bad("ids"))?;
         let dim = rows.shape()[1];
         let capacity = rows.shape()[0];
         let rows = rows.as_slice().map_err(|_| bad("rows"))?;
         let used = used.as_slice_mut().map_err(|_| bad("used"))?;
         if used.len() < capacity {
-            return Err(PyValueError::new_err("SlotIndex.read: used is shorter than rows"));
+            return Err(PyValueError::new_err(
+                "SlotIndex.read: used is shorter than rows",
+            ));
         }
         let mut mask = vec![false; ids.len()];
         let mut out: Vec<f32> = Vec::with_capacity(ids.len() * dim);
         let mut k = 0i64;
         for (hit, id) in mask.iter_mut().zip(ids) {
-            let Some(&slot) = self.map.get(id) else { continue };
-            let slot = usize::try_from(slot).ok().filter(|s| *s < capacity).ok_or_else(|| {
-                PyValueError::new_err(format!("SlotIndex.read: slot {slot} of id {id} is outside the rows"))
-            })?;
+            let Some(&slot) = self.map.get(id) else {
+                continue;
+            };
+            let slot = usize::try_from(slot)
+                .ok()
+                .filter(|s| *s < capacity)
+                .ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "SlotIndex.read: slot {slot} of id {id} is outside the rows"
+                    ))
+                })?;
             *hit = true;
             used[slot] = tick + k;
             k += 1;

@@ -100,7 +100,11 @@ impl Feature<'_> {
             let row = &mut out[b * self.dim..(b + 1) * self.dim];
             for (j, v) in row.iter_mut().enumerate() {
                 let summed = segment(&|i| self.value(i, j), lo, hi);
-                *v = if combiner == SUM { summed } else { summed / denom };
+                *v = if combiner == SUM {
+                    summed
+                } else {
+                    summed / denom
+                };
             }
         }
         out
@@ -123,20 +127,30 @@ pub fn pool_feature<'py>(
     let bad = |what: &str| PyValueError::new_err(format!("pool_feature: {what}"));
     let shape = table.shape();
     let (count, dim) = (shape[0], shape[1]);
-    let table = table.as_slice().map_err(|_| bad("table must be contiguous"))?;
-    let rows = rows.as_slice().map_err(|_| bad("rows must be contiguous"))?;
+    let table = table
+        .as_slice()
+        .map_err(|_| bad("table must be contiguous"))?;
+    let rows = rows
+        .as_slice()
+        .map_err(|_| bad("rows must be contiguous"))?;
     if rows.iter().any(|&r| r < 0 || r as usize >= count) {
         return Err(bad("a row index outside the table"));
     }
     let weights = match &weights {
-        Some(w) => Some(w.as_slice().map_err(|_| bad("weights must be contiguous"))?),
+        Some(w) => Some(
+            w.as_slice()
+                .map_err(|_| bad("weights must be contiguous"))?,
+        ),
         None => None,
     };
     if weights.is_some_and(|w| w.len() != rows.len()) || combiner > SQRTN {
         return Err(bad("weights must match rows; combiner 0, 1 or 2"));
     }
     let splits = match &row_splits {
-        Some(s) => Some(s.as_slice().map_err(|_| bad("row_splits must be contiguous"))?),
+        Some(s) => Some(
+            s.as_slice()
+                .map_err(|_| bad("row_splits must be contiguous"))?,
+        ),
         None => None,
     };
     if let Some(s) = splits {

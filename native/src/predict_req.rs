@@ -26,11 +26,11 @@ pub type Content = (String, i32, Vec<i64>, usize, usize);
 /// Bytes per element of the numeric DataTypes whose `tensor_content` is read in place (tensors.py `_NUMPY`).
 fn width(dtype: i32) -> Option<usize> {
     Some(match dtype {
-        4 | 6 | 10 => 1,           // uint8, int8, bool
-        5 | 14 | 17 | 19 => 2,     // int16, bfloat16, uint16, half
-        1 | 3 | 22 => 4,           // float, int32, uint32
-        2 | 8 | 9 | 23 => 8,       // double, complex64, int64, uint64
-        18 => 16,                  // complex128
+        4 | 6 | 10 => 1,       // uint8, int8, bool
+        5 | 14 | 17 | 19 => 2, // int16, bfloat16, uint16, half
+        1 | 3 | 22 => 4,       // float, int32, uint32
+        2 | 8 | 9 | 23 => 8,   // double, complex64, int64, uint64
+        18 => 16,              // complex128
         _ => return None,
     })
 }
@@ -144,7 +144,11 @@ fn entry(buf: &[u8]) -> Result<(String, Option<(i32, Vec<i64>, usize, usize)>), 
     while !r.done() {
         match r.tag().ok_or(())? {
             (1, LEN) => {
-                key = Some(std::str::from_utf8(r.bytes().ok_or(())?).map_err(|_| ())?.to_owned());
+                key = Some(
+                    std::str::from_utf8(r.bytes().ok_or(())?)
+                        .map_err(|_| ())?
+                        .to_owned(),
+                );
                 keys += 1;
             }
             (2, LEN) => {
@@ -212,8 +216,8 @@ mod tests {
         // model_spec { name: "m" } inputs { key: "x" value { dtype: 1 tensor_shape { dim { size: 1 } }
         // tensor_content: "abcd" } }
         let msg = [
-            0x0a, 3, 0x0a, 1, b'm', 0x12, 19, 0x0a, 1, b'x', 0x12, 14, 0x08, 1, 0x12, 4, 0x12, 2, 0x08, 1, 0x22,
-            4, b'a', b'b', b'c', b'd',
+            0x0a, 3, 0x0a, 1, b'm', 0x12, 19, 0x0a, 1, b'x', 0x12, 14, 0x08, 1, 0x12, 4, 0x12, 2,
+            0x08, 1, 0x22, 4, b'a', b'b', b'c', b'd',
         ];
         let (rest, contents) = split(&msg).unwrap();
         assert_eq!(rest, &msg[..5]);

@@ -29,13 +29,20 @@ fn varint(buf: &[u8], mut pos: usize, end: usize) -> Option<(u128, usize)> {
 
 /// (field number, value start, value end) of the length-delimited fields among the first `limit` fields of
 /// `buf[pos..end]`.
-fn length_fields(buf: &[u8], mut pos: usize, end: usize, limit: usize) -> Vec<(u128, usize, usize)> {
+fn length_fields(
+    buf: &[u8],
+    mut pos: usize,
+    end: usize,
+    limit: usize,
+) -> Vec<(u128, usize, usize)> {
     let mut out = Vec::new();
     for _ in 0..limit {
         if pos >= end {
             break;
         }
-        let Some((key, next)) = varint(buf, pos, end) else { break };
+        let Some((key, next)) = varint(buf, pos, end) else {
+            break;
+        };
         pos = next;
         match key & 7 {
             0 => match varint(buf, pos, end) {
@@ -45,7 +52,9 @@ fn length_fields(buf: &[u8], mut pos: usize, end: usize, limit: usize) -> Vec<(u
             1 => pos += 8,
             5 => pos += 4,
             2 => {
-                let Some((size, start)) = varint(buf, pos, end) else { break };
+                let Some((size, start)) = varint(buf, pos, end) else {
+                    break;
+                };
                 if start as u128 + size > end as u128 {
                     break;
                 }
@@ -61,7 +70,10 @@ fn length_fields(buf: &[u8], mut pos: usize, end: usize, limit: usize) -> Vec<(u
 
 /// The first `model_spec` string longer than `max_bytes`: (its field number in `ModelSpec`, its size), or None.
 fn too_long(raw: &[u8], max_bytes: usize, limit: usize) -> Option<(u8, usize)> {
-    let (_, start, end) = length_fields(raw, 0, raw.len(), limit).into_iter().filter(|f| f.0 == 1).last()?;
+    let (_, start, end) = length_fields(raw, 0, raw.len(), limit)
+        .into_iter()
+        .filter(|f| f.0 == 1)
+        .last()?;
     length_fields(raw, start, end, limit)
         .into_iter()
         .find(|&(number, s, e)| matches!(number, 1 | 3 | 4) && e - s > max_bytes)
@@ -70,7 +82,12 @@ fn too_long(raw: &[u8], max_bytes: usize, limit: usize) -> Option<(u8, usize)> {
 
 /// `too_long` for Python, without the GIL.
 #[pyfunction]
-fn spec_too_long(py: Python<'_>, raw: &[u8], max_bytes: usize, limit: usize) -> Option<(u8, usize)> {
+fn spec_too_long(
+    py: Python<'_>,
+    raw: &[u8],
+    max_bytes: usize,
+    limit: usize,
+) -> Option<(u8, usize)> {
     py.allow_threads(|| too_long(raw, max_bytes, limit))
 }
 
@@ -85,7 +102,10 @@ mod tests {
     #[test]
     fn the_last_spec_counts_and_its_first_long_string_is_named() {
         // model_spec { name: "abc", signature_name: "xxxxxx" }, then a second model_spec { name: "ab" }
-        let first = [0x0a, 0x0d, 0x0a, 0x03, b'a', b'b', b'c', 0x1a, 0x06, b'x', b'x', b'x', b'x', b'x', b'x'];
+        let first = [
+            0x0a, 0x0d, 0x0a, 0x03, b'a', b'b', b'c', 0x1a, 0x06, b'x', b'x', b'x', b'x', b'x',
+            b'x',
+        ];
         assert_eq!(too_long(&first, 4, 64), Some((3, 6)));
         let mut both = first.to_vec();
         both.extend_from_slice(&[0x0a, 0x04, 0x0a, 0x02, b'a', b'b']);

@@ -23,8 +23,14 @@ const PAD_ID: i64 = -1;
 fn ids_of(raw: &[u8], c: &Content) -> Option<Vec<i64>> {
     let data = &raw[c.3..c.3 + c.4];
     Some(match c.1 {
-        DT_INT64 => data.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect(),
-        DT_INT32 => data.chunks_exact(4).map(|b| i64::from(i32::from_le_bytes(b.try_into().unwrap()))).collect(),
+        DT_INT64 => data
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect(),
+        DT_INT32 => data
+            .chunks_exact(4)
+            .map(|b| i64::from(i32::from_le_bytes(b.try_into().unwrap())))
+            .collect(),
         _ => return None,
     })
 }
@@ -34,7 +40,11 @@ fn floats_of(raw: &[u8], c: &Content) -> Option<Vec<f32>> {
         return None;
     }
     let data = &raw[c.3..c.3 + c.4];
-    Some(data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
+    Some(
+        data.chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect(),
+    )
 }
 
 /// Pure: the batch of `raw` for `layout`, or None when the reference must decide (module docs).
@@ -67,7 +77,11 @@ fn parse(raw: &[u8], layout: &FeatureLayout) -> Option<Parsed> {
     let dense: Vec<&Content> = dense.into_iter().collect::<Option<_>>()?;
     let first = ids.first().or(dense.first())?;
     let size = usize::try_from(*first.2.first()?).ok()?;
-    if size == 0 || contents.iter().any(|c| c.2.first().copied() != Some(size as i64)) {
+    if size == 0
+        || contents
+            .iter()
+            .any(|c| c.2.first().copied() != Some(size as i64))
+    {
         return None;
     }
     let mut sparse = Vec::with_capacity(ns);
@@ -86,7 +100,11 @@ fn parse(raw: &[u8], layout: &FeatureLayout) -> Option<Parsed> {
             if w.as_ref().is_some_and(|w| !w.iter().all(|x| x.is_finite())) {
                 return None;
             }
-            SparseOut { ids: values, splits: (0..=size as i64).collect(), weights: w }
+            SparseOut {
+                ids: values,
+                splits: (0..=size as i64).collect(),
+                weights: w,
+            }
         } else {
             if c.2.len() != 2 {
                 return None;
@@ -116,7 +134,11 @@ fn parse(raw: &[u8], layout: &FeatureLayout) -> Option<Parsed> {
                 }
                 splits.push(kept.len() as i64);
             }
-            SparseOut { ids: kept, splits, weights: kept_w }
+            SparseOut {
+                ids: kept,
+                splits,
+                weights: kept_w,
+            }
         };
         sparse.push(out);
     }
@@ -128,13 +150,22 @@ fn parse(raw: &[u8], layout: &FeatureLayout) -> Option<Parsed> {
         }
         dense_out.push(floats_of(raw, c)?);
     }
-    Some(Parsed { row: false, size, sparse, dense: dense_out })
+    Some(Parsed {
+        row: false,
+        size,
+        sparse,
+        dense: dense_out,
+    })
 }
 
 /// The features of a serialized `PredictRequest` (`row` is always False), or None: run the reference. Read without
 /// the GIL.
 #[pyfunction]
-fn tensor_features<'py>(py: Python<'py>, raw: &[u8], layout: &FeatureLayout) -> PyResult<Option<Arrays<'py>>> {
+fn tensor_features<'py>(
+    py: Python<'py>,
+    raw: &[u8],
+    layout: &FeatureLayout,
+) -> PyResult<Option<Arrays<'py>>> {
     let parsed = py.allow_threads(|| parse(raw, layout));
     to_python(py, layout, parsed)
 }

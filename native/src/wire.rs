@@ -111,6 +111,11 @@ mod tests {
         assert_eq!(t.bytes(), None); // truncated
         assert_eq!(Reader::new(&[0xff; 11]).varint(), None); // over 64 bits
         assert_eq!(Reader::new(&[0x00]).tag(), None); // field number 0
-        assert_eq!(Reader::new(&[0x0b]).tag().and_then(|(_, w)| Reader::new(&[]).skip(w)), None); // a group
+        assert_eq!(
+            Reader::new(&[0x0b])
+                .tag()
+                .and_then(|(_, w)| Reader::new(&[]).skip(w)),
+            None
+        ); // a group
     }
 }
