@@ -26,7 +26,8 @@ gateway with a warm hot-row cache fed by a Kafka broker). Traffic, per batch siz
 Targets, measured interleaved (every round runs every target once, rotated order; median and spread of per-round
 ratios to ``whole``): ``whole`` and the three entry calls alone by the bare Python gRPC client
 (``benchmarks.split_client`` with no lookups, so the baseline and the entry calls share one client), the gateway over
-gRPC (the same bare client; cached and uncached) and REST (vegeta, when ``make bench-tools`` built it). With
+gRPC (the same bare client; cached and uncached) and REST (vegeta, when ``make bench-tools`` built it; to the uncached
+gateway, ``gateway_rest``, and to the cached one, ``gateway_rest_cache``). With
 ``--ab-mmap-threshold N`` a second serve-local with ``--malloc_mmap_threshold_bytes=N`` serves the whole model and the
 ``dlrm`` entry too, and its two calls join the rounds (``whole_ab``, ``entry_dlrm_ab``; ratios to the first
 serve-local's ``whole``): the malloc setting's A/B in one run; ``--ab-env NAME=VALUE`` starts that second serve-local
@@ -319,6 +320,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     ).target
             grpc_targets = {"gateway_grpc": free_port()}
             pids: dict[str, int] = {}  # target -> the gateway process whose CPU it costs
+            cached_urls: dict[str, str] = {}  # cached gateway -> its REST base URL
             gw = stack.enter_context(
                 run_gateway(
                     _gateway_yaml(
@@ -361,6 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     cgw = stack.enter_context(run_gateway(cfg, env=gw_env))
                     _wait_cache_serving(cgw.url, "dlrm")
                     pids[name] = cgw.proc.pid
+                    cached_urls[name] = cgw.url
             with stack:
                 results: dict[str, Any] = {}
                 for kind in args.traffic:
@@ -406,6 +409,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             targets["gateway_rest"] = partial(
                                 vegeta, f"{gw.url}/v1/models/dlrm:predict", rest, clients=1, seconds=secs
                             )
+                            if "gateway_grpc_cache" in cached_urls:  # REST to the gateway with the warm cache
+                                url = cached_urls["gateway_grpc_cache"]
+                                targets["gateway_rest_cache"] = partial(
+                                    vegeta, f"{url}/v1/models/dlrm:predict", rest, clients=1, seconds=secs
+                                )
+                                pids["gateway_rest_cache"] = pids["gateway_grpc_cache"]
                         cpu: dict[str, list[float]] = {}
                         for name in list(targets):
                             if name in pids:
@@ -473,6 +482,7 @@ def _table(report: dict[str, Any]) -> str:
         "gateway_grpc",
         "gateway_grpc_cache",
         "gateway_rest",
+        "gateway_rest_cache",
     ]
     for extra in ("gateway_grpc_ab", "gateway_grpc_cache_ref", "gateway_grpc_cache_ab"):
         if any(extra in r["p50"] for r in report["results"].values()):

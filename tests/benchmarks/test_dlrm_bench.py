@@ -44,13 +44,14 @@ def test_the_table_names_every_column(tmp_path: Path) -> None:
                 "slots": 13312,
                 "bytes": {"whole": 133754},
                 "bytes_ratio": {"entry_dlrm": 6.79, "entry_dlrm_bf16": 3.7, "entry_dlrm_pooled": 25.68},
-                "p50": {"whole": cell, "entry_dlrm": cell, "gateway_grpc": cell},
+                "p50": {"whole": cell, "entry_dlrm": cell, "gateway_grpc": cell, "gateway_rest_cache": cell},
             }
         },
     }
     text = dlrm_bench._table(report)
     assert "| one_user/512 | 3,230 / 13,312 | 6.79x / 3.7x / 25.68x (133,754 B whole) |" in text
-    assert "1.1x (1.0-1.2) / - / - / 1.1x (1.0-1.2) / - / - | 10.0 ms |" in text
+    assert "1.1x (1.0-1.2) / - / - / 1.1x (1.0-1.2) / - / - / 1.1x (1.0-1.2) | 10.0 ms |" in text
+    assert "gateway_rest / gateway_rest_cache | whole p50" in text
     doc = tmp_path / "b.md"
     write_section(doc, dlrm_bench.BEGIN, dlrm_bench.END, text, "## DLRM entry modes")
     assert dlrm_bench.BEGIN in doc.read_text()
@@ -69,4 +70,4 @@ def test_the_stage_table_checks_both_variants_and_names_every_stage() -> None:
     args = argparse.Namespace(rows=20_000, batches="64", traffic="one_user,random", rounds=2, reps=2)
     lines = dlrm_stages.run(args)  # asserts both variants of each stage give the same result
     rows = [line for line in lines if line.startswith(("| one_user/64", "| random/64"))]
-    assert [r.split(" | ")[1] for r in rows] == ["spec sizes", "features", "read path"] * 2
+    assert [r.split(" | ")[1] for r in rows] == ["spec sizes", "shape check", "features", "read path"] * 2
