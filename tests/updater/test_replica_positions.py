@@ -82,20 +82,20 @@ def _errors(metrics: str, target: str, code: str) -> float:
 class _Flags(logging.Handler):
     """Collects the gateway's "PS replica catching up" warnings (one per replica flagged, with its target)."""
 
+    _FIELDS = ("shard", "target", "table", "partition", "position", "high_water_mark")
+
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.flagged: list[str] = []
-        self.why: list[str] = []  # per flag: shard, target, table, partition, position, high-water mark
+        self.why: list[dict[str, str]] = []  # per flag: the fields above
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage().startswith("PS replica catching up"):
-            self.flagged.append(str(getattr(record, "target", "?")))
-            self.why.append(
-                " ".join(
-                    f"{k}={getattr(record, k, '?')}"
-                    for k in ("shard", "target", "table", "partition", "position", "high_water_mark")
-                )
-            )
+            self.why.append({k: str(getattr(record, k, "?")) for k in self._FIELDS})
+
+    @property
+    def flagged(self) -> list[str]:
+        """The target of each flag, in order."""
+        return [w["target"] for w in self.why]
 
 
 @pytest.mark.timeout(
