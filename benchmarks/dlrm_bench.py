@@ -27,7 +27,7 @@ Targets, measured interleaved (every round runs every target once, rotated order
 ratios to ``whole``): ``whole`` and the three entry calls alone by the bare Python gRPC client
 (``benchmarks.split_client`` with no lookups, so the baseline and the entry calls share one client), the gateway over
 gRPC (the same bare client; cached and uncached) and REST (vegeta, when ``make bench-tools`` built it; to the uncached
-gateway, ``gateway_rest``, and to the cached one, ``gateway_rest_cache``). With
+gateway, ``gateway_rest``, and to each cached one, ``gateway_rest_cache`` and its ``_ref`` / ``_ab`` twins). With
 ``--ab-mmap-threshold N`` a second serve-local with ``--malloc_mmap_threshold_bytes=N`` serves the whole model and the
 ``dlrm`` entry too, and its two calls join the rounds (``whole_ab``, ``entry_dlrm_ab``; ratios to the first
 serve-local's ``whole``): the malloc setting's A/B in one run; ``--ab-env NAME=VALUE`` starts that second serve-local
@@ -409,12 +409,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             targets["gateway_rest"] = partial(
                                 vegeta, f"{gw.url}/v1/models/dlrm:predict", rest, clients=1, seconds=secs
                             )
-                            if "gateway_grpc_cache" in cached_urls:  # REST to the gateway with the warm cache
-                                url = cached_urls["gateway_grpc_cache"]
-                                targets["gateway_rest_cache"] = partial(
+                            # REST to each gateway with a warm cache
+                            for grpc_name, url in cached_urls.items():
+                                rest_name = grpc_name.replace("grpc", "rest", 1)
+                                targets[rest_name] = partial(
                                     vegeta, f"{url}/v1/models/dlrm:predict", rest, clients=1, seconds=secs
                                 )
-                                pids["gateway_rest_cache"] = pids["gateway_grpc_cache"]
+                                pids[rest_name] = pids[grpc_name]
                         cpu: dict[str, list[float]] = {}
                         for name in list(targets):
                             if name in pids:
@@ -487,6 +488,9 @@ def _table(report: dict[str, Any]) -> str:
     for extra in ("gateway_grpc_ab", "gateway_grpc_cache_ref", "gateway_grpc_cache_ab"):
         if any(extra in r["p50"] for r in report["results"].values()):
             cols.insert(cols.index("gateway_rest"), extra)
+    for extra in ("gateway_rest_cache_ref", "gateway_rest_cache_ab"):
+        if any(extra in r["p50"] for r in report["results"].values()):
+            cols.append(extra)
     if any("whole_ab" in r["p50"] for r in report["results"].values()):
         cols += ["whole_ab", "entry_dlrm_ab"]
     head = (

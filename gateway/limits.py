@@ -67,6 +67,7 @@ __all__ = [
     "parse_document",
     "parse_json",
     "parse_pool",
+    "plain_scope",
     "read_body",
     "release_memory",
     "request_scope",
@@ -107,6 +108,23 @@ def request_scope(
     threshold = limits.offload_bytes if offload_bytes is None else offload_bytes
     big = executor is not None and body_bytes >= threshold
     token = _SCOPE.set(_Scope(limits, executor, big, procs))
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+@contextmanager
+def plain_scope(body_bytes: int) -> Iterator[None]:
+    """Inside the current request scope: the request is large only from ``limits.plain_offload_bytes``, for a body
+    whose whole work is a few native passes without the GIL (an embedding model's REST body its one-pass parser
+    answered), as :func:`request_scope`'s ``offload_bytes`` does for a plain gRPC PredictRequest."""
+    scope = _SCOPE.get()
+    if scope is None:
+        yield
+        return
+    big = scope.executor is not None and body_bytes >= scope.limits.plain_offload_bytes
+    token = _SCOPE.set(_Scope(scope.limits, scope.executor, big, scope.procs))
     try:
         yield
     finally:

@@ -114,8 +114,9 @@ class LimitsSettings(_Strict):
     plain_offload_bytes: int = Field(
         1024 * 1024,
         ge=0,
-        description="a gRPC PredictRequest of numeric tensors only (its parse is a few copies) goes to the parse "
-        "threads from this size instead of offload_bytes: below it, the thread hops cost more than its work",
+        description="a gRPC PredictRequest of numeric tensors only (its parse is a few copies), and an embedding "
+        "model's REST predict body the native one-pass parser answers, go to the parse threads from this size "
+        "instead of offload_bytes: below it, the thread hops cost more than their work",
     )
     parse_threads: int = Field(2, gt=0, le=64, description="threads parsing large request bodies")
     parse_processes: int = Field(

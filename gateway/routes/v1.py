@@ -41,6 +41,7 @@ from gateway.limits import (
     offload,
     parse_document,
     parse_pool,
+    plain_scope,
     read_body,
     release_memory,
     request_scope,
@@ -282,23 +283,41 @@ async def _parse_large_or_inline(api: str, name: str, spec: VersionSpec, raw: by
     return checked
 
 
+async def _predict(
+    gw: Gateway, parsed: tuple[PredictRequest, Any], deadline: float
+) -> tuple[bytes, int | None, str | None]:
+    req, inputs = parsed
+    result = await gw.handle(req, deadline)
+    return await offload(predict_json, result, inputs.format), result.version, result.degraded
+
+
 async def _post(
     gw: Gateway, api: str, name: str, spec: VersionSpec, raw: bytes, deadline: float
 ) -> tuple[bytes, int | None, str | None]:
     """predict / classify / regress: the JSON answer, the version that answered, the degraded reason (or None).
 
-    An embedding model's predict body is first tried in one native pass (:func:`parse_predict_embedding`, on the
-    parse threads when large: it releases the GIL); the parse worker processes and the reference take the rest."""
+    An embedding model's predict body is first tried in one native pass (:func:`parse_predict_embedding`: it releases
+    the GIL). Below ``limits.plain_offload_bytes`` that pass runs inline and, when it answers, so does the rest of
+    the request (:func:`~gateway.limits.plain_scope`); from that size it runs on the parse threads. The parse worker
+    processes and the reference take whatever it declines."""
     parsed: Any = None
     if api == "predict" and (manifest := _embedding_manifest(gw, name)) is not None:
-        parsed = await offload(parse_predict_embedding, name, spec, raw, current_limits(), manifest)
+        limits = current_limits()
+        if len(raw) < limits.plain_offload_bytes:
+            # below plain_offload_bytes the one native pass (no GIL) and what follows cost less than the thread hops
+            # of a large body: tried inline; a body it declines goes the usual way below
+            parsed = parse_predict_embedding(name, spec, raw, limits, manifest)
+            if parsed is not None:
+                with plain_scope(len(raw)):
+                    del raw
+                    return await _predict(gw, parsed, deadline)
+        else:
+            parsed = await offload(parse_predict_embedding, name, spec, raw, limits, manifest)
     if parsed is None:
         parsed = await _parse_large_or_inline(api, name, spec, raw)
     del raw
     if api == "predict":
-        req, inputs = parsed
-        result = await gw.handle(req, deadline)
-        return await offload(predict_json, result, inputs.format), result.version, result.degraded
+        return await _predict(gw, parsed, deadline)
     if isinstance(parsed, ClassifyRequest):
         classified = await gw.handle(parsed, deadline)
         return await offload(classify_json, classified), classified.version, classified.degraded

@@ -351,6 +351,65 @@ async def test_parse_workers_serve_an_embedding_model_like_the_parse_threads(
     assert procs == threads
 
 
+async def test_an_embedding_body_the_native_pass_answers_skips_the_thread_hops_below_plain_offload_bytes(
+    demo_artifacts: Any, demo_backends: Any
+) -> None:
+    """An embedding model's REST body the one-pass native parser answers is worked inline below
+    ``limits.plain_offload_bytes`` (its parse holds no GIL; the thread hops cost more than its work), on the parse
+    threads from that size; a body it declines goes to the parse threads from ``limits.offload_bytes`` as before.
+    The answers are the same either way."""
+    from gateway import native
+    from tests.gateway.test_rest_embedding import embedding_model
+
+    if native.path() != "native":
+        pytest.skip("embedgate_native is not built (make install)")
+    name = demo_artifacts.manifest.model_name
+    good = json.dumps({"instances": list(demo_artifacts.instances)}).encode()
+    declined = b'{"instances": [{"b64": "AAAA"}]}'
+    model = embedding_model(demo_artifacts, demo_backends.target)
+    answers = []
+    for plain in (1 << 20, 0):
+        limits = {"offload_bytes": 0, "parse_processes": 0, "plain_offload_bytes": plain}
+        (r, good_hops), (bad, bad_hops) = await _posts_and_hops(model, limits, name, [good, declined])
+        assert r.status_code == 200, r.text
+        assert bad.status_code == 400, bad.text
+        assert bad_hops, "a declined body is parsed on the parse threads from limits.offload_bytes"
+        assert bool(good_hops) == (plain == 0), (plain, good_hops)
+        answers.append(r.json())
+    assert answers[0] == answers[1]
+
+
+async def _posts_and_hops(
+    model: Any, limits: dict[str, int], name: str, bodies: list[bytes]
+) -> list[tuple[httpx.Response, list[str]]]:
+    """Each body's answer and the work it sent to the parse threads (``gateway.limits.offload``'s calls)."""
+    import contextvars
+
+    from tests.gateway.conftest import app_and_client
+
+    out = []
+    async with app_and_client(models=[model], limits=limits) as (app, client):
+        executor = app.state.runtime.executor
+        submit = executor.submit
+        hops: list[str] = []
+
+        def counting(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            run = getattr(fn, "func", None)  # offload submits partial(Context.run, work, ...)
+            if isinstance(getattr(run, "__self__", None), contextvars.Context):
+                hops.append(fn.args[0].__name__)
+            return submit(fn, *args, **kwargs)
+
+        executor.submit = counting
+        try:
+            for body in bodies:
+                hops.clear()
+                r = await client.post(f"/v1/models/{name}:predict", content=body)
+                out.append((r, list(hops)))
+        finally:
+            executor.submit = submit
+    return out
+
+
 async def test_a_dead_parse_worker_gives_503_and_is_replaced() -> None:
     pool = limits_module.ParsePool(1)
     try:

@@ -171,3 +171,28 @@ async def test_request_scope_takes_the_callers_threshold() -> None:
             assert await offload(where) == main
         with request_scope(LimitsSettings(offload_bytes=1000), ex, 200, offload_bytes=200):
             assert (await offload(where)).startswith("parse")
+
+
+async def test_plain_scope_moves_the_threshold_to_plain_offload_bytes() -> None:
+    """Inside a request scope, ``plain_scope`` makes the request large only from ``limits.plain_offload_bytes`` (an
+    embedding model's REST body the native pass answered); outside any scope it changes nothing."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.limits import plain_scope
+
+    def where() -> str:
+        return threading.current_thread().name
+
+    main = threading.current_thread().name
+    limits = LimitsSettings(offload_bytes=100, plain_offload_bytes=1000)
+    with ThreadPoolExecutor(1, thread_name_prefix="parse") as ex:
+        with request_scope(limits, ex, 500):
+            assert (await offload(where)).startswith("parse")
+            with plain_scope(500):
+                assert await offload(where) == main
+            with plain_scope(1000):
+                assert (await offload(where)).startswith("parse")
+            assert (await offload(where)).startswith("parse")
+        with plain_scope(5000):
+            assert await offload(where) == main
