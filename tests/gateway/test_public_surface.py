@@ -64,6 +64,7 @@ SURFACE = {
         "parse_document",
         "parse_json",
         "parse_pool",
+        "plain_scope",
         "read_body",
         "release_memory",
         "request_scope",
