@@ -362,7 +362,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
                     cgw = stack.enter_context(run_gateway(cfg, env=gw_env))
                     _wait_cache_serving(cgw.url, "dlrm")
-                    pids[name] = cgw.proc.pid
+                    pids[name] = pids[name.replace("grpc", "rest", 1)] = cgw.proc.pid  # its REST too
                     cached_urls[name] = cgw.url
             with stack:
                 results: dict[str, Any] = {}
@@ -415,7 +415,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 targets[rest_name] = partial(
                                     vegeta, f"{url}/v1/models/dlrm:predict", rest, clients=1, seconds=secs
                                 )
-                                pids[rest_name] = pids[grpc_name]
                         cpu: dict[str, list[float]] = {}
                         for name in list(targets):
                             if name in pids:

@@ -123,12 +123,11 @@ def plain_scope(body_bytes: int) -> Iterator[None]:
     if scope is None:
         yield
         return
-    big = scope.executor is not None and body_bytes >= scope.limits.plain_offload_bytes
-    token = _SCOPE.set(_Scope(scope.limits, scope.executor, big, scope.procs))
-    try:
+    limits = scope.limits
+    with request_scope(
+        limits, scope.executor, body_bytes, scope.procs, offload_bytes=limits.plain_offload_bytes
+    ):
         yield
-    finally:
-        _SCOPE.reset(token)
 
 
 def current_limits() -> LimitsSettings:

@@ -22,6 +22,7 @@ from gateway.grpc_front.messages import (
     input_bytes,
     parse_message,
 )
+from gateway.grpc_front.messages import _varint as messages_varint
 from schemas.gateway_settings import LimitsSettings
 from schemas.proto import tfs_pb2
 from tests.support.native import native_mode
@@ -331,54 +332,48 @@ def _plainly_read(entries: list[bytes]) -> bool:
     whose dims have at most one size each: the readings the native check must answer."""
     keys = []
     for e in entries:
-        entry = tfs_pb2.PredictRequest.FromString(_framed(2, e))
-        fields = _fields(e)
-        if fields.count(1) > 1 or fields.count(2) > 1:
+        if not _once(e, 1, 2):
             return False
-        keys.append(next(iter(entry.inputs)))
-        values = [v for n, v in _fields_with_values(e) if n == 2]
-        for v in values:
-            tf = _fields_with_values(v)
-            if [n for n, _ in tf].count(1) > 1 or [n for n, _ in tf].count(2) > 1:
+        keys.append(next(iter(tfs_pb2.PredictRequest.FromString(_framed(2, e)).inputs)))
+        for tensor in _values(e, 2):
+            if not _once(tensor, 1, 2):
                 return False
-            for n, shape in tf:
-                if n == 2:
-                    for dn, dim in _fields_with_values(shape):
-                        if dn == 2 and [m for m, _ in _fields_with_values(dim)].count(1) > 1:
-                            return False
+            for shape in _values(tensor, 2):
+                if not all(_once(dim, 1) for dim in _values(shape, 2)):
+                    return False
     return len(keys) == len(set(keys))
 
 
-def _fields(buf: bytes) -> list[int]:
-    return [n for n, _ in _fields_with_values(buf)]
+def _once(buf: bytes, *numbers: int) -> bool:
+    """Whether each of the field ``numbers`` occurs at most once at the top level of ``buf``."""
+    seen = [n for n, _ in _fields(buf)]
+    return all(seen.count(n) <= 1 for n in numbers)
 
 
-def _fields_with_values(buf: bytes) -> list[tuple[int, bytes]]:
-    """(number, payload) of each top-level field of ``buf`` (varints and length-delimited only)."""
+def _values(buf: bytes, number: int) -> list[bytes]:
+    return [v for n, v in _fields(buf) if n == number]
+
+
+def _fields(buf: bytes) -> list[tuple[int, bytes]]:
+    """(number, payload) of each top-level field of the well-formed ``buf`` (varints and length-delimited only)."""
     out: list[tuple[int, bytes]] = []
     i = 0
     while i < len(buf):
         tag, i = _read_varint(buf, i)
-        if tag & 7 == 0:
-            start = i
-            _, i = _read_varint(buf, i)
+        start = i
+        n, i = _read_varint(buf, i)
+        if tag & 7 == 0:  # a varint: its own bytes
             out.append((tag >> 3, buf[start:i]))
         else:
-            n, i = _read_varint(buf, i)
             out.append((tag >> 3, buf[i : i + n]))
             i += n
     return out
 
 
 def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            return value, i
+    read = messages_varint(buf, i, len(buf))
+    assert read is not None, "the test frames well-formed messages"
+    return read
 
 
 @pytest.mark.parametrize(
