@@ -23,6 +23,39 @@ const MAX_DIMS: usize = 254; // TensorShape's own limit (kMaxDims)
 /// One content input: (alias, DataType number, dims, offset of `tensor_content` in the message, its length).
 pub type Content = (String, i32, Vec<i64>, usize, usize);
 
+/// How a content input's values are written at its offset (`split_inputs` with `packed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Encoding {
+    /// `tensor_content`: the values' little-endian bytes.
+    Content,
+    /// `float_val` (5) of a DT_FLOAT tensor, packed: little-endian fixed32, as `tensor_content`.
+    Fixed32,
+    /// `int_val` (7) of a DT_INT32 or `int64_val` (10) of a DT_INT64 tensor, packed: one varint per value, exactly
+    /// as many as the shape's elements (checked).
+    Varints,
+}
+
+/// The packed values field a dtype's values are read from, and how they are written.
+fn packed_field(dtype: i32) -> Option<(u64, Encoding)> {
+    match dtype {
+        1 => Some((5, Encoding::Fixed32)),
+        3 => Some((7, Encoding::Varints)),
+        9 => Some((10, Encoding::Varints)),
+        _ => None,
+    }
+}
+
+/// The number of well-formed varints in `data` (each at most 10 bytes, the last one complete), or None.
+fn varint_count(data: &[u8]) -> Option<usize> {
+    let mut r = Reader::new(data);
+    let mut n = 0usize;
+    while !r.done() {
+        r.varint()?;
+        n += 1;
+    }
+    Some(n)
+}
+
 /// Bytes per element of the numeric DataTypes whose `tensor_content` is read in place (tensors.py `_NUMPY`).
 fn width(dtype: i32) -> Option<usize> {
     Some(match dtype {
@@ -79,12 +112,18 @@ fn shape(buf: &[u8]) -> Result<Option<Vec<i64>>, ()> {
     Ok((plain && dims.len() <= MAX_DIMS).then_some(dims))
 }
 
-/// (dtype, dims, content offset within `buf`, content length) of a content tensor; Err(()) for malformed wire data,
-/// Ok(None) for any other tensor.
-fn tensor(buf: &[u8]) -> Result<Option<(i32, Vec<i64>, usize, usize)>, ()> {
+/// A content tensor as found in its message.
+type Found = (i32, Vec<i64>, usize, usize, Encoding);
+
+/// (dtype, dims, content offset within `buf`, content length, encoding) of a content tensor; Err(()) for malformed
+/// wire data, Ok(None) for any other tensor. With `packed`, a tensor without `tensor_content` whose values are its
+/// dtype's packed `*_val` field, one per element (`packed_field`), is a content tensor too.
+fn tensor(buf: &[u8], packed: bool) -> Result<Option<Found>, ()> {
     let mut r = Reader::new(buf);
     let (mut dtype, mut dims, mut content) = (None, None, None);
     let (mut seen_dtype, mut seen_shape, mut seen_content, mut seen_version) = (0, 0, 0, 0);
+    let mut values: Option<(u64, usize, usize)> = None; // (field, offset, length)
+    let mut seen_values = 0;
     let mut plain = true;
     while !r.done() {
         match r.tag().ok_or(())? {
@@ -106,16 +145,38 @@ fn tensor(buf: &[u8]) -> Result<Option<(i32, Vec<i64>, usize, usize)>, ()> {
                 content = Some((at, data.len()));
                 seen_content += 1;
             }
+            (field @ (5 | 7 | 10), LEN) if packed => {
+                let (at, data) = r.bytes_at().ok_or(())?;
+                values = Some((field, at, data.len()));
+                seen_values += 1;
+            }
             (_, wire) => {
                 r.skip(wire).ok_or(())?;
                 plain = false;
             }
         }
     }
-    if !plain || seen_dtype != 1 || seen_shape > 1 || seen_content != 1 || seen_version > 1 {
+    if !plain
+        || seen_dtype != 1
+        || seen_shape > 1
+        || seen_version > 1
+        || seen_content + seen_values != 1
+    {
         return Ok(None);
     }
-    let (Some(dtype), Some((at, len))) = (dtype, content) else {
+    let Some(dtype) = dtype else {
+        return Ok(None);
+    };
+    if let Some((field, at, len)) = values {
+        return Ok(packed_values(
+            dtype,
+            dims.unwrap_or_default(),
+            field,
+            &buf[at..at + len],
+            at,
+        ));
+    }
+    let Some((at, len)) = content else {
         return Ok(None);
     };
     let Ok(dtype) = i32::try_from(dtype) else {
@@ -132,12 +193,31 @@ fn tensor(buf: &[u8]) -> Result<Option<(i32, Vec<i64>, usize, usize)>, ()> {
             None => return Ok(None),
         }
     }
-    Ok((len > 0 && len == want).then_some((dtype, dims, at, len)))
+    Ok((len > 0 && len == want).then_some((dtype, dims, at, len, Encoding::Content)))
+}
+
+/// A tensor whose values are the packed `field` (`data`, at `at`): a content tensor when the field is its dtype's
+/// and it holds exactly one value per element of `dims` (at least one).
+fn packed_values(dtype: i64, dims: Vec<i64>, field: u64, data: &[u8], at: usize) -> Option<Found> {
+    let dtype = i32::try_from(dtype).ok()?;
+    let (want_field, encoding) = packed_field(dtype)?;
+    if field != want_field || data.is_empty() {
+        return None;
+    }
+    let mut n = 1usize;
+    for &d in &dims {
+        n = n.checked_mul(usize::try_from(d).ok()?)?;
+    }
+    let count = match encoding {
+        Encoding::Fixed32 => (data.len() % 4 == 0).then_some(data.len() / 4)?,
+        _ => varint_count(data)?,
+    };
+    (count == n).then_some((dtype, dims, at, data.len(), encoding))
 }
 
 /// An `inputs` map entry: (key, the content tensor if it is one with its offset within `buf`); Err(()) when the
 /// message must go to protobuf whole (malformed, or not exactly one UTF-8 key).
-fn entry(buf: &[u8]) -> Result<(String, Option<(i32, Vec<i64>, usize, usize)>), ()> {
+fn entry(buf: &[u8], packed: bool) -> Result<(String, Option<Found>), ()> {
     let mut r = Reader::new(buf);
     let (mut key, mut keys, mut value, mut values) = (None, 0, None, 0);
     let mut plain = true;
@@ -153,7 +233,7 @@ fn entry(buf: &[u8]) -> Result<(String, Option<(i32, Vec<i64>, usize, usize)>), 
             }
             (2, LEN) => {
                 let (at, data) = r.bytes_at().ok_or(())?;
-                value = tensor(data)?.map(|(d, s, off, len)| (d, s, at + off, len));
+                value = tensor(data, packed)?.map(|(d, s, off, len, e)| (d, s, at + off, len, e));
                 values += 1;
             }
             (_, wire) => {
@@ -171,21 +251,30 @@ fn entry(buf: &[u8]) -> Result<(String, Option<(i32, Vec<i64>, usize, usize)>), 
 
 /// (rest, content inputs) of a serialized `PredictRequest` (module docs), or None.
 pub fn split(raw: &[u8]) -> Option<(Vec<u8>, Vec<Content>)> {
+    let (rest, contents, _) = split_inputs(raw, false)?;
+    Some((rest, contents))
+}
+
+/// `split`, and with `packed` the tensors whose values are their dtype's packed `*_val` field are content inputs
+/// too (`Encoding` says how each input's values are written).
+pub fn split_inputs(raw: &[u8], packed: bool) -> Option<(Vec<u8>, Vec<Content>, Vec<Encoding>)> {
     let mut r = Reader::new(raw);
     let mut rest = Vec::new();
     let mut contents = Vec::new();
+    let mut encodings = Vec::new();
     let mut keys = HashSet::new();
     while !r.done() {
         let start = r.at;
         let (number, wire) = r.tag()?;
         if (number, wire) == (2, LEN) {
             let (at, data) = r.bytes_at()?;
-            let (key, content) = entry(data).ok()?;
+            let (key, content) = entry(data, packed).ok()?;
             if !keys.insert(key.clone()) {
                 return None;
             }
-            if let Some((dtype, dims, off, len)) = content {
+            if let Some((dtype, dims, off, len, encoding)) = content {
                 contents.push((key, dtype, dims, at + off, len));
+                encodings.push(encoding);
                 continue;
             }
         } else {
@@ -193,7 +282,7 @@ pub fn split(raw: &[u8]) -> Option<(Vec<u8>, Vec<Content>)> {
         }
         rest.extend_from_slice(&raw[start..r.at]);
     }
-    Some((rest, contents))
+    Some((rest, contents, encodings))
 }
 
 /// `split` for Python (rest as bytes), run without the GIL.

@@ -2,17 +2,20 @@
 //! `gateway.features.FeatureBatch`, by the rules of the reference `gateway.grpc_front.features.batch_from_tensors`
 //! (before `map_lookups`, which the caller runs), without protobuf's parse of the tensors or numpy's per-tensor work.
 //!
-//! It answers only requests whose every input is a `tensor_content` tensor of exactly its shape's bytes
-//! (`predict_req::split`) and that the reference accepts as they are: ids int64 or int32, weights and dense values
+//! It answers only requests whose every input is a `tensor_content` tensor of exactly its shape's bytes, or a tensor
+//! whose values are its dtype's packed `float_val` / `int_val` / `int64_val` field with one value per element (as
+//! `tf.make_tensor_proto` writes a one-element tensor) (`predict_req::split_inputs`), and that the reference
+//! accepts as they are: ids int64 or int32, weights and dense values
 //! float32, every feature of the manifest present once and nothing else, one row per example, single features
 //! `[B]` or `[B, 1]`, multi features `[B, L]` padded with -1 and within `max_ids`, weights of the ids' shape and
-//! finite where they count, dense `[B, dim]` (or `[B]` for dim 1). Anything else (every error, other dtypes, packed
-//! `*_val` fields, strings) returns None and the reference runs, so every error text is the reference's.
+//! finite where they count, dense `[B, dim]` (or `[B]` for dim 1). Anything else (every error, other dtypes, other
+//! `*_val` fields, values repeated to fill a shape, strings) returns None and the reference runs, so every error
+//! text is the reference's.
 
 use pyo3::prelude::*;
 
 use crate::features::{to_python, Arrays, FeatureLayout, Parsed, Role, SparseOut};
-use crate::predict_req::{split, Content};
+use crate::predict_req::{split_inputs, Content, Encoding};
 use crate::wire::Reader;
 
 const DT_FLOAT: i32 = 1;
@@ -20,8 +23,29 @@ const DT_INT32: i32 = 3;
 const DT_INT64: i32 = 9;
 const PAD_ID: i64 = -1;
 
-fn ids_of(raw: &[u8], c: &Content) -> Option<Vec<i64>> {
+/// The packed varints of `data` (counted and checked by the split), each as protobuf reads it for `dtype`: int64
+/// as it is, int32 from its low 32 bits.
+fn varints(data: &[u8], dtype: i32) -> Option<Vec<i64>> {
+    let mut r = Reader::new(data);
+    let mut out = Vec::new();
+    while !r.done() {
+        let v = r.varint()?;
+        out.push(match dtype {
+            DT_INT64 => v as i64,
+            DT_INT32 => i64::from(v as u32 as i32),
+            _ => return None,
+        });
+    }
+    Some(out)
+}
+
+fn ids_of(raw: &[u8], c: &Content, encoding: Encoding) -> Option<Vec<i64>> {
     let data = &raw[c.3..c.3 + c.4];
+    match encoding {
+        Encoding::Content => {}
+        Encoding::Varints => return varints(data, c.1),
+        Encoding::Fixed32 => return None,
+    }
     Some(match c.1 {
         DT_INT64 => data
             .chunks_exact(8)
@@ -35,8 +59,8 @@ fn ids_of(raw: &[u8], c: &Content) -> Option<Vec<i64>> {
     })
 }
 
-fn floats_of(raw: &[u8], c: &Content) -> Option<Vec<f32>> {
-    if c.1 != DT_FLOAT {
+fn floats_of(raw: &[u8], c: &Content, encoding: Encoding) -> Option<Vec<f32>> {
+    if c.1 != DT_FLOAT || encoding == Encoding::Varints {
         return None;
     }
     let data = &raw[c.3..c.3 + c.4];
@@ -52,7 +76,7 @@ fn parse(raw: &[u8], layout: &FeatureLayout) -> Option<Parsed> {
     if layout.ambiguous {
         return None;
     }
-    let (rest, contents) = split(raw)?;
+    let (rest, contents, encodings) = split_inputs(raw, true)?;
     let mut r = Reader::new(&rest);
     while !r.done() {
         let (number, wire) = r.tag()?;
@@ -62,20 +86,20 @@ fn parse(raw: &[u8], layout: &FeatureLayout) -> Option<Parsed> {
         r.skip(wire)?;
     }
     let (ns, nd) = (layout.sparse.len(), layout.dense.len());
-    let mut ids: Vec<Option<&Content>> = vec![None; ns];
-    let mut weights: Vec<Option<&Content>> = vec![None; ns];
-    let mut dense: Vec<Option<&Content>> = vec![None; nd];
-    for c in &contents {
+    let mut ids: Vec<Option<(&Content, Encoding)>> = vec![None; ns];
+    let mut weights: Vec<Option<(&Content, Encoding)>> = vec![None; ns];
+    let mut dense: Vec<Option<(&Content, Encoding)>> = vec![None; nd];
+    for (c, &e) in contents.iter().zip(&encodings) {
         let slot = match layout.role(c.0.as_bytes(), 0)?.0 {
             Role::Ids(k) => &mut ids[k],
             Role::Weights(k) => &mut weights[k],
             Role::Dense(k) => &mut dense[k],
         };
-        *slot = Some(c);
+        *slot = Some((c, e));
     }
-    let ids: Vec<&Content> = ids.into_iter().collect::<Option<_>>()?;
-    let dense: Vec<&Content> = dense.into_iter().collect::<Option<_>>()?;
-    let first = ids.first().or(dense.first())?;
+    let ids: Vec<(&Content, Encoding)> = ids.into_iter().collect::<Option<_>>()?;
+    let dense: Vec<(&Content, Encoding)> = dense.into_iter().collect::<Option<_>>()?;
+    let first = ids.first().or(dense.first())?.0;
     let size = usize::try_from(*first.2.first()?).ok()?;
     if size == 0
         || contents
@@ -86,10 +110,10 @@ fn parse(raw: &[u8], layout: &FeatureLayout) -> Option<Parsed> {
     }
     let mut sparse = Vec::with_capacity(ns);
     for (k, f) in layout.sparse.iter().enumerate() {
-        let c = ids[k];
-        let values = ids_of(raw, c)?;
+        let (c, e) = ids[k];
+        let values = ids_of(raw, c, e)?;
         let w = match weights[k] {
-            Some(wc) if wc.2 == c.2 => Some(floats_of(raw, wc)?),
+            Some((wc, we)) if wc.2 == c.2 => Some(floats_of(raw, wc, we)?),
             Some(_) => return None,
             None => None,
         };
@@ -143,12 +167,12 @@ fn parse(raw: &[u8], layout: &FeatureLayout) -> Option<Parsed> {
         sparse.push(out);
     }
     let mut dense_out = Vec::with_capacity(nd);
-    for (c, (_, dim)) in dense.iter().zip(&layout.dense) {
+    for (&(c, e), (_, dim)) in dense.iter().zip(&layout.dense) {
         let plain = c.2.len() == 2 && c.2[1] == *dim as i64;
         if !(plain || (c.2.len() == 1 && *dim == 1)) {
             return None;
         }
-        dense_out.push(floats_of(raw, c)?);
+        dense_out.push(floats_of(raw, c, e)?);
     }
     Some(Parsed {
         row: false,
@@ -172,4 +196,20 @@ fn tensor_features<'py>(
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor_features, m)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_int32_values_are_read_from_their_low_32_bits_as_protobuf_reads_them() {
+        let five_bytes = [0xff, 0xff, 0xff, 0xff, 0x0f]; // 2^32 - 1, not sign-extended
+        assert_eq!(varints(&five_bytes, DT_INT32), Some(vec![-1]));
+        assert_eq!(varints(&five_bytes, DT_INT64), Some(vec![(1i64 << 32) - 1]));
+        let minus_one = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        assert_eq!(varints(&minus_one, DT_INT32), Some(vec![-1]));
+        assert_eq!(varints(&minus_one, DT_INT64), Some(vec![-1]));
+        assert_eq!(varints(&[0x80], DT_INT64), None); // truncated
+    }
 }

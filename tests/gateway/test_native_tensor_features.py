@@ -4,8 +4,10 @@ parsed request.
 
 On generated manifests and requests (int32 and int64 ids, ``[B]`` and ``[B, 1]`` singles, ``-1``-padded multis
 over and under ``max_ids``, weights sent or not, NaN weights on padding and on ids, dense ``[B, dim]``) with some
-requests spoilt (a feature missing, an unknown input, a batch size that differs, a float64 or packed tensor, a
-duplicated input): whenever the native reader answers, the reference accepts the request and gives the same batch
+requests spoilt (a feature missing, an unknown input, a batch size that differs, a float64 tensor, a duplicated
+input) and some tensors written as packed ``*_val`` fields (the dtype's own field with one value per element, as
+``tf.make_tensor_proto`` writes one-element tensors, which the reader takes; another field, or fewer values than
+elements, which it leaves to the reference): whenever the native reader answers, the reference accepts the request and gives the same batch
 bit for bit; whenever the reference accepts a request of the forms the reader takes, the reader answers too.
 """
 
@@ -37,7 +39,19 @@ pytestmark = pytest.mark.skipif(
 _SPEC = tfs_pb2.ModelSpec(name="m")
 _ID = st.one_of(st.just(-1), st.integers(0, 12), st.integers(-(2**31), 2**31 - 1))
 _WEIGHT = st.one_of(st.floats(-4, 4, width=32), st.just(float("nan")))
-_SPOIL = ["missing", "unknown", "size", "float64", "packed", "twice"]
+_SPOIL = [
+    "missing",
+    "unknown",
+    "size",
+    "float64",
+    "packed",
+    "packed",
+    "packed_other",
+    "packed_short",
+    "twice",
+]
+_FIELD = {np.dtype(np.int64): "int64_val", np.dtype(np.int32): "int_val", np.dtype(np.float32): "float_val"}
+_DTYPE = {"int64_val": tfs_pb2.DT_INT64, "int_val": tfs_pb2.DT_INT32, "float_val": tfs_pb2.DT_FLOAT}
 
 
 def _inputs(data: st.DataObject, manifest: Manifest) -> tuple[list[tuple[str, np.ndarray]], bool]:
@@ -80,17 +94,22 @@ def _spoil(data: st.DataObject, inputs: list[tuple[str, np.ndarray]]) -> tuple[b
         del inputs[k]
         suffix = tfs_pb2.PredictRequest(inputs={name: t}).SerializeToString()
         plain = False
-    elif how == "packed":
+    elif how is not None and how.startswith("packed"):
         name, a = inputs[k]
-        t = tfs_pb2.TensorProto(dtype=tfs_pb2.DT_FLOAT if a.dtype.kind == "f" else tfs_pb2.DT_INT64)
+        field = _FIELD[a.dtype]
+        dtype = _DTYPE[field]
+        values = a.reshape(-1).tolist()
+        if how == "packed_other":  # int64 ids in int_val, int32 ids in int64_val, floats in int64_val
+            field = {"int64_val": "int_val", "int_val": "int64_val", "float_val": "int64_val"}[field]
+            values = [int(v) if v == v else 0 for v in values]
+        elif how == "packed_short":  # TensorProto's "the last value repeats"
+            values = values[:1]
+        t = tfs_pb2.TensorProto(dtype=dtype)
         t.tensor_shape.dim.extend(tfs_pb2.TensorShapeProto.Dim(size=s) for s in a.shape)
-        if a.dtype.kind == "f":
-            t.float_val.extend(a.reshape(-1).tolist())
-        else:
-            t.int64_val.extend(a.reshape(-1).tolist())
+        getattr(t, field).extend(values)
         del inputs[k]
         suffix = tfs_pb2.PredictRequest(inputs={name: t}).SerializeToString()
-        plain = False
+        plain = how == "packed" or (how == "packed_short" and a.size == 1)
     elif how == "twice":
         inputs.append(inputs[k])
         plain = (
