@@ -70,6 +70,7 @@ __all__ = [
     "plain_scope",
     "read_body",
     "release_memory",
+    "release_memory_soon",
     "request_scope",
 ]
 
@@ -602,3 +603,14 @@ def release_memory(body_bytes: int) -> None:
         trim = _malloc_trim()
         if trim is not None:
             trim(0)
+
+
+def release_memory_soon(executor: Executor | None, body_bytes: int) -> None:
+    """:func:`release_memory` on ``executor`` (malloc_trim can take a while: not on the event loop), and only after a
+    body large enough for it to trim. Submitting a job that does nothing cost every request a hand-off of the
+    interpreter lock: the worker thread woke and waited for the lock, and took it the next time the loop let it go
+    (in a send or a native call), so on a busy machine the loop waited for the worker to be scheduled (a REST predict
+    of the demo model at batch 64 spent 1.6 ms in the entry call's hand-off, 0.05 ms without it)."""
+    if body_bytes >= _BIG_BODY and executor is not None:
+        with contextlib.suppress(RuntimeError):  # executor already shut down
+            executor.submit(release_memory, body_bytes)

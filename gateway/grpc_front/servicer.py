@@ -15,7 +15,6 @@ within REST's limits (``limits``: buffered bytes, ``max_instances``, sizes; ``ga
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -47,7 +46,7 @@ from gateway.errors import (
 )
 from gateway.grpc_front.messages import Parsed, check_message, check_spec_sizes, parse_message
 from gateway.lifespan import Call, Runtime
-from gateway.limits import offload, parse_pool, release_memory, request_scope
+from gateway.limits import offload, parse_pool, release_memory_soon, request_scope
 from schemas.proto import tfs_pb2
 
 if TYPE_CHECKING:
@@ -77,7 +76,6 @@ SIGNATURE_DEF_MAP_URL: Final = "type.googleapis.com/tensorflow.serving.Signature
 _STATUS: Final = {s.value[0]: s for s in grpc.StatusCode}
 
 _SWEEP_S: Final = 0.05  # how often calls received whole are checked for a client that went away
-_TRIM_BYTES: Final = 8 * 1024 * 1024  # after a message this large, freed heap pages go back to the OS
 
 _Req = TypeVar("_Req", bound=Message)
 _Fn = Callable[[Any, bytes, float], Awaitable[tuple[bytes, int | None, str | None]]]
@@ -283,9 +281,7 @@ class _Servicer:
         rt = self.rt
         if held[0]:
             rt.buffered.release(held[0])
-            if held[0] >= _TRIM_BYTES and rt.executor is not None:  # malloc_trim: not on the event loop
-                with contextlib.suppress(RuntimeError):  # executor already shut down
-                    rt.executor.submit(release_memory, held[0])
+            release_memory_soon(rt.executor, held[0])
             held[0] = 0
 
     async def _core(

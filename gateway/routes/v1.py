@@ -9,7 +9,6 @@ request`` answers and error texts are exactly TF Serving's. The OpenAPI document
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -43,7 +42,7 @@ from gateway.limits import (
     parse_pool,
     plain_scope,
     read_body,
-    release_memory,
+    release_memory_soon,
     request_scope,
 )
 from gateway.routes.rest_codec import (
@@ -170,9 +169,7 @@ async def handle_v1(request: Request) -> Response:
     finally:
         if held[0]:
             rt.buffered.release(held[0])
-            if rt.executor is not None:  # malloc_trim can take a while: not on the event loop
-                with contextlib.suppress(RuntimeError):  # executor already shut down
-                    rt.executor.submit(release_memory, held[0])
+            release_memory_soon(rt.executor, held[0])
 
 
 async def _answer(request: Request, rt: Runtime, path: str, call: Call, held: list[int]) -> Response:

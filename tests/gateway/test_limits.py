@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway import limits
 from gateway.errors import InvalidArgument, PayloadTooLarge, ResourceExhausted, public_message
 from gateway.limits import BufferedBytes, check_structure, json_depth, offload, parse_json, request_scope
 from schemas.gateway_settings import LimitsSettings
@@ -196,3 +197,24 @@ async def test_plain_scope_moves_the_threshold_to_plain_offload_bytes() -> None:
             assert (await offload(where)).startswith("parse")
         with plain_scope(5000):
             assert await offload(where) == main
+
+
+class _Recorder:
+    """An executor that records what it is given (this module's unit of work is the decision, not the trim)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def submit(self, fn: Any, *args: Any) -> None:
+        self.jobs.append((fn, args))
+
+
+def test_memory_is_released_on_a_worker_only_after_a_body_large_enough_to_trim() -> None:
+    big = limits._BIG_BODY
+    pool = _Recorder()
+    for n in (0, 1, 200_000, big - 1):  # a job per ordinary request handed the GIL to a worker each time
+        limits.release_memory_soon(pool, n)  # type: ignore[arg-type]
+    assert pool.jobs == []
+    limits.release_memory_soon(pool, big)  # type: ignore[arg-type]
+    assert pool.jobs == [(limits.release_memory, (big,))]
+    limits.release_memory_soon(None, big)  # no executor: nothing to do, no error

@@ -67,6 +67,7 @@ SURFACE = {
         "plain_scope",
         "read_body",
         "release_memory",
+        "release_memory_soon",
         "request_scope",
     ],
     "gateway.servers": ["limit_options", "loop_factory", "run", "serve"],
