@@ -7,12 +7,17 @@ bench-tools``. Python frames show as ``libpython``: pair it with ``benchmarks.em
 stages.
 
     python -m benchmarks.gateway_perf_profile [--batches 64,512,4096] [--seconds 4] [--fronts grpc,rest]
-                                              [--profiler perf|py-spy] [--env EMBEDGATE_NATIVE=off]
+                                              [--profiler perf|py-spy|threads] [--env EMBEDGATE_NATIVE=off]
 
 ``--profiler py-spy`` samples the gateway's Python stacks instead (``py-spy record``, from the venv) and prints each
 frame's self and inclusive share of the samples (threads summed), so the Python frames ``perf`` shows as
 ``libpython`` get names. py-spy does not always tell a waiting thread from a running one: frames that wait
 (``select``, ``Condition.wait``, the executor's ``_worker`` queue get) are idle time, not CPU.
+
+``--profiler threads`` runs no profiler: it prints the CPU each of the gateway's threads spent per request
+(``/proc/<pid>/task``; the event loop is the first ``python``, the native gate and backend client are
+``embedgate-gate`` / ``embedgate-clien``), so a run costs what the gateway costs unobserved. A thread that should be
+idle but spends CPU per request (a worker woken for every request) shows there.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -61,6 +67,27 @@ def _py_spy(pid: int, data: Path, secs: float, *, gil: bool = False) -> subproce
         [str(exe), "record", *rate, "-f", "raw", "-o", str(data), "-p", str(pid)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+    )
+
+
+def thread_cpu(pid: int) -> dict[tuple[int, str], float]:
+    """CPU seconds so far of each thread of ``pid``, by (thread id, name) (``/proc/<pid>/task``). Linux only."""
+    out: dict[tuple[int, str], float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[(int(task.name), name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _threads_line(before: dict[tuple[int, str], float], after: dict[tuple[int, str], float], n: int) -> str:
+    used = sorted(((v - before.get(k, 0.0), k) for k, v in after.items()), reverse=True)
+    return "per thread, ms per request: " + ", ".join(
+        f"{name} {1e3 * cpu / max(1, n):.3f}" for cpu, (_, name) in used if cpu > 0
     )
 
 
@@ -105,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[64, 512, 4096])
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--fronts", type=lambda s: s.split(","), default=["grpc", "rest"])
-    p.add_argument("--profiler", choices=["perf", "py-spy"], default="perf")
+    p.add_argument("--profiler", choices=["perf", "py-spy", "threads"], default="perf")
     p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the gateway (repeatable)")
     args = p.parse_args(argv)
     if args.profiler == "perf" and shutil.which("perf") is None:
         raise SystemExit("perf is missing (Debian: apt-get install linux-perf)")
-    record = _perf if args.profiler == "perf" else _py_spy
+    record = {"perf": _perf, "py-spy": _py_spy}.get(args.profiler)
     env = dict(e.split("=", 1) for e in args.env)
     secs = min(args.seconds, 30.0)
     with tempfile.TemporaryDirectory(prefix="perfprofile-") as tmp_s:
@@ -144,16 +171,20 @@ def main(argv: list[str] | None = None) -> int:
                     load()  # warm
                     data = tmp / f"{args.profiler}-{b}-{front}.data"
                     start = cpu_seconds(pid)
-                    prof = record(pid, data, secs)
+                    threads = thread_cpu(pid)
+                    prof = None if record is None else record(pid, data, secs)
                     res = load()
-                    prof.wait(timeout=secs + 120)
+                    if prof is not None:
+                        prof.wait(timeout=secs + 120)
                     cpu = (cpu_seconds(pid) - start) / max(1, res.requests)
                     print(
                         f"\n=== batch {b} {front}: p50 {res.p50_ms} ms, {res.requests} requests, gateway CPU "
                         f"{cpu * 1e3:.2f} ms per request, {cpu / b * 1e6:.2f} µs per example",
                         flush=True,
                     )
-                    if args.profiler == "perf":
+                    if args.profiler == "threads":
+                        print(_threads_line(threads, thread_cpu(pid), res.requests), flush=True)
+                    elif args.profiler == "perf":
                         print(_report(data, "dso", 8))
                         print(_report(data, "dso,sym", 25), flush=True)
                     else:

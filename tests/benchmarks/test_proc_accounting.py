@@ -3,6 +3,7 @@ resident memory, with and without its descendants."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -59,3 +60,39 @@ def test_a_process_that_is_gone_counts_zero() -> None:
     gone = (1 << 22) + 1  # above the kernel's largest pid_max: never a live pid
     assert cpu_seconds(gone) == 0.0
     assert rss_bytes(gone) == 0
+
+
+def test_thread_cpu_names_each_thread_and_charges_the_one_that_burnt() -> None:
+    import ctypes
+    import threading
+    import time
+
+    from benchmarks.gateway_perf_profile import _threads_line, thread_cpu
+
+    def burn() -> None:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, b"burner", 0, 0, 0)  # PR_SET_NAME: the thread's comm
+        t = time.thread_time()
+        while time.thread_time() - t < 0.3:
+            pass
+        done.wait()
+
+    done = threading.Event()
+    worker = threading.Thread(target=burn)
+    before = thread_cpu(os.getpid())
+    worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            after = thread_cpu(os.getpid())
+            burnt = [v - before.get(k, 0.0) for k, v in after.items() if k[1] == "burner"]
+            if burnt and burnt[0] >= 0.25:
+                break
+            time.sleep(0.05)
+        assert burnt and burnt[0] >= 0.25, after
+        line = _threads_line(before, after, 10)
+        assert line.startswith("per thread, ms per request: burner ")  # the busiest first, CPU / 10 requests
+        assert float(line.split("burner ")[1].split(",")[0]) >= 25.0
+    finally:
+        done.set()
+        worker.join()
