@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -44,7 +43,7 @@ from benchmarks.serving_bench import (
     _gateway_grpc_request,
     _wait_cache_serving,
 )
-from tests.support.stack import cpu_seconds
+from tests.support.stack import cpu_seconds, stat_cpu_seconds
 
 
 def _report(data: Path, sort: str, lines: int) -> str:
@@ -73,14 +72,12 @@ def _py_spy(pid: int, data: Path, secs: float, *, gil: bool = False) -> subproce
 def thread_cpu(pid: int) -> dict[tuple[int, str], float]:
     """CPU seconds so far of each thread of ``pid``, by (thread id, name) (``/proc/<pid>/task``). Linux only."""
     out: dict[tuple[int, str], float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[(int(task.name), name)] = (int(fields[11]) + int(fields[12])) / tick
+        out[(int(task.name), name)] = stat_cpu_seconds(task / "stat")
     return out
 
 

@@ -26,34 +26,28 @@ pub type Content = (String, i32, Vec<i64>, usize, usize);
 /// How a content input's values are written at its offset (`split_inputs` with `packed`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Encoding {
-    /// `tensor_content`: the values' little-endian bytes.
+    /// The values' little-endian bytes, exactly the shape's: `tensor_content`, or the packed `float_val` (5) of a
+    /// DT_FLOAT tensor (fixed32 values are written as `tensor_content` is).
     Content,
-    /// `float_val` (5) of a DT_FLOAT tensor, packed: little-endian fixed32, as `tensor_content`.
-    Fixed32,
-    /// `int_val` (7) of a DT_INT32 or `int64_val` (10) of a DT_INT64 tensor, packed: one varint per value, exactly
-    /// as many as the shape's elements (checked).
+    /// `int_val` (7) of a DT_INT32 or `int64_val` (10) of a DT_INT64 tensor, packed: one varint per value. Not
+    /// counted here: the reader checks it decodes as many as `elements(dims)`.
     Varints,
 }
 
 /// The packed values field a dtype's values are read from, and how they are written.
 fn packed_field(dtype: i32) -> Option<(u64, Encoding)> {
     match dtype {
-        1 => Some((5, Encoding::Fixed32)),
+        1 => Some((5, Encoding::Content)),
         3 => Some((7, Encoding::Varints)),
         9 => Some((10, Encoding::Varints)),
         _ => None,
     }
 }
 
-/// The number of well-formed varints in `data` (each at most 10 bytes, the last one complete), or None.
-fn varint_count(data: &[u8]) -> Option<usize> {
-    let mut r = Reader::new(data);
-    let mut n = 0usize;
-    while !r.done() {
-        r.varint()?;
-        n += 1;
-    }
-    Some(n)
+/// The number of elements of a shape's `dims` (1 for a scalar), or None when a dim is negative or it overflows.
+pub fn elements(dims: &[i64]) -> Option<usize> {
+    dims.iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
 }
 
 /// Bytes per element of the numeric DataTypes whose `tensor_content` is read in place (tensors.py `_NUMPY`).
@@ -186,33 +180,24 @@ fn tensor(buf: &[u8], packed: bool) -> Result<Option<Found>, ()> {
     let Some(w) = width(dtype) else {
         return Ok(None);
     };
-    let mut want = w;
-    for &d in &dims {
-        match want.checked_mul(d as usize) {
-            Some(n) => want = n,
-            None => return Ok(None),
-        }
-    }
-    Ok((len > 0 && len == want).then_some((dtype, dims, at, len, Encoding::Content)))
+    let want = elements(&dims).and_then(|n| n.checked_mul(w));
+    Ok((len > 0 && Some(len) == want).then_some((dtype, dims, at, len, Encoding::Content)))
 }
 
 /// A tensor whose values are the packed `field` (`data`, at `at`): a content tensor when the field is its dtype's
-/// and it holds exactly one value per element of `dims` (at least one).
+/// and is not empty; fixed32 values must fill exactly the shape's elements, varints are counted by the reader.
 fn packed_values(dtype: i64, dims: Vec<i64>, field: u64, data: &[u8], at: usize) -> Option<Found> {
     let dtype = i32::try_from(dtype).ok()?;
     let (want_field, encoding) = packed_field(dtype)?;
     if field != want_field || data.is_empty() {
         return None;
     }
-    let mut n = 1usize;
-    for &d in &dims {
-        n = n.checked_mul(usize::try_from(d).ok()?)?;
+    if encoding == Encoding::Content
+        && Some(data.len()) != elements(&dims).and_then(|n| n.checked_mul(4))
+    {
+        return None;
     }
-    let count = match encoding {
-        Encoding::Fixed32 => (data.len() % 4 == 0).then_some(data.len() / 4)?,
-        _ => varint_count(data)?,
-    };
-    (count == n).then_some((dtype, dims, at, data.len(), encoding))
+    Some((dtype, dims, at, data.len(), encoding))
 }
 
 /// An `inputs` map entry: (key, the content tensor if it is one with its offset within `buf`); Err(()) when the

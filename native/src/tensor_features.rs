@@ -15,7 +15,7 @@
 use pyo3::prelude::*;
 
 use crate::features::{to_python, Arrays, FeatureLayout, Parsed, Role, SparseOut};
-use crate::predict_req::{split_inputs, Content, Encoding};
+use crate::predict_req::{elements, split_inputs, Content, Encoding};
 use crate::wire::Reader;
 
 const DT_FLOAT: i32 = 1;
@@ -23,12 +23,15 @@ const DT_INT32: i32 = 3;
 const DT_INT64: i32 = 9;
 const PAD_ID: i64 = -1;
 
-/// The packed varints of `data` (counted and checked by the split), each as protobuf reads it for `dtype`: int64
-/// as it is, int32 from its low 32 bits.
-fn varints(data: &[u8], dtype: i32) -> Option<Vec<i64>> {
+/// The packed varints of `data`, exactly `n` of them, each as protobuf reads it for `dtype`: int64 as it is, int32
+/// from its low 32 bits. None when they are malformed or not `n` (the reference words the error).
+fn varints(data: &[u8], dtype: i32, n: usize) -> Option<Vec<i64>> {
     let mut r = Reader::new(data);
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(n);
     while !r.done() {
+        if out.len() == n {
+            return None;
+        }
         let v = r.varint()?;
         out.push(match dtype {
             DT_INT64 => v as i64,
@@ -36,15 +39,13 @@ fn varints(data: &[u8], dtype: i32) -> Option<Vec<i64>> {
             _ => return None,
         });
     }
-    Some(out)
+    (out.len() == n).then_some(out)
 }
 
 fn ids_of(raw: &[u8], c: &Content, encoding: Encoding) -> Option<Vec<i64>> {
     let data = &raw[c.3..c.3 + c.4];
-    match encoding {
-        Encoding::Content => {}
-        Encoding::Varints => return varints(data, c.1),
-        Encoding::Fixed32 => return None,
+    if encoding == Encoding::Varints {
+        return varints(data, c.1, elements(&c.2)?);
     }
     Some(match c.1 {
         DT_INT64 => data
@@ -205,11 +206,16 @@ mod tests {
     #[test]
     fn packed_int32_values_are_read_from_their_low_32_bits_as_protobuf_reads_them() {
         let five_bytes = [0xff, 0xff, 0xff, 0xff, 0x0f]; // 2^32 - 1, not sign-extended
-        assert_eq!(varints(&five_bytes, DT_INT32), Some(vec![-1]));
-        assert_eq!(varints(&five_bytes, DT_INT64), Some(vec![(1i64 << 32) - 1]));
+        assert_eq!(varints(&five_bytes, DT_INT32, 1), Some(vec![-1]));
+        assert_eq!(
+            varints(&five_bytes, DT_INT64, 1),
+            Some(vec![(1i64 << 32) - 1])
+        );
         let minus_one = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
-        assert_eq!(varints(&minus_one, DT_INT32), Some(vec![-1]));
-        assert_eq!(varints(&minus_one, DT_INT64), Some(vec![-1]));
-        assert_eq!(varints(&[0x80], DT_INT64), None); // truncated
+        assert_eq!(varints(&minus_one, DT_INT32, 1), Some(vec![-1]));
+        assert_eq!(varints(&minus_one, DT_INT64, 1), Some(vec![-1]));
+        assert_eq!(varints(&[0x80], DT_INT64, 1), None); // truncated
+        assert_eq!(varints(&[1, 2], DT_INT64, 1), None); // more values than elements
+        assert_eq!(varints(&[1], DT_INT64, 2), None); // fewer: TensorProto's "the last value repeats"
     }
 }

@@ -7,8 +7,9 @@ over and under ``max_ids``, weights sent or not, NaN weights on padding and on i
 requests spoilt (a feature missing, an unknown input, a batch size that differs, a float64 tensor, a duplicated
 input) and some tensors written as packed ``*_val`` fields (the dtype's own field with one value per element, as
 ``tf.make_tensor_proto`` writes one-element tensors, which the reader takes; another field, or fewer values than
-elements, which it leaves to the reference): whenever the native reader answers, the reference accepts the request and gives the same batch
-bit for bit; whenever the reference accepts a request of the forms the reader takes, the reader answers too.
+elements, which it leaves to the reference): whenever the native reader answers, the reference accepts the request
+and gives the same batch bit for bit; whenever the reference accepts a request of the forms the reader takes, the
+reader answers too.
 """
 
 from __future__ import annotations

@@ -280,12 +280,16 @@ def rss_bytes(pid: int, *, tree: bool = True) -> int:
 def cpu_seconds(pid: int, *, tree: bool = True) -> float:
     """User + system CPU seconds ``pid`` has used so far (``utime`` + ``stime`` of ``/proc/<pid>/stat``), plus its
     live descendants' with ``tree``; 0 for a process that is gone. Linux only."""
-    ticks = 0
-    for p in _pids(pid, tree):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])  # fields 14 and 15 of stat, counted after the command name
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return sum(stat_cpu_seconds(f"/proc/{p}/stat") for p in _pids(pid, tree))
+
+
+def stat_cpu_seconds(stat: str | Path) -> float:
+    """User + system CPU seconds of one ``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat`` file; 0 when it is
+    gone. Linux only."""
+    try:
+        with open(stat) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # fields 14 and 15 of stat (utime, stime), counted after the command name
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
