@@ -16,7 +16,7 @@
 use pyo3::prelude::*;
 use std::collections::HashSet;
 
-use crate::wire::{Reader, LEN, VARINT};
+use crate::wire::{Reader, I32, LEN, VARINT};
 
 const MAX_DIMS: usize = 254; // TensorShape's own limit (kMaxDims)
 
@@ -32,6 +32,10 @@ pub enum Encoding {
     /// `int_val` (7) of a DT_INT32 or `int64_val` (10) of a DT_INT64 tensor, packed: one varint per value. Not
     /// counted here: the reader checks it decodes as many as `elements(dims)`.
     Varints,
+    /// The dtype's values field written unpacked, one record (its tag, then one varint or fixed32) per value, as
+    /// some writers do (ghz's Go protobuf, for one): a run of such records with nothing between them. Counted by
+    /// the reader too.
+    Tagged,
 }
 
 /// The packed values field a dtype's values are read from, and how they are written.
@@ -116,10 +120,11 @@ fn tensor(buf: &[u8], packed: bool) -> Result<Option<Found>, ()> {
     let mut r = Reader::new(buf);
     let (mut dtype, mut dims, mut content) = (None, None, None);
     let (mut seen_dtype, mut seen_shape, mut seen_content, mut seen_version) = (0, 0, 0, 0);
-    let mut values: Option<(u64, usize, usize)> = None; // (field, offset, length)
+    let mut values: Option<(u64, usize, usize, bool)> = None; // (field, offset, length, tagged)
     let mut seen_values = 0;
     let mut plain = true;
     while !r.done() {
+        let start = r.at;
         match r.tag().ok_or(())? {
             (1, VARINT) => {
                 dtype = Some(r.varint().ok_or(())? as i64);
@@ -141,8 +146,21 @@ fn tensor(buf: &[u8], packed: bool) -> Result<Option<Found>, ()> {
             }
             (field @ (5 | 7 | 10), LEN) if packed => {
                 let (at, data) = r.bytes_at().ok_or(())?;
-                values = Some((field, at, data.len()));
+                values = Some((field, at, data.len(), false));
                 seen_values += 1;
+            }
+            (field @ (7 | 10), wire @ VARINT) | (field @ 5, wire @ I32) if packed => {
+                r.skip(wire).ok_or(())?;
+                match values {
+                    // the next record of the run: the run grows
+                    Some((f, at, len, true)) if f == field && at + len == start => {
+                        values = Some((f, at, r.at - at, true));
+                    }
+                    _ => {
+                        values = Some((field, start, r.at - start, true));
+                        seen_values += 1;
+                    }
+                }
             }
             (_, wire) => {
                 r.skip(wire).ok_or(())?;
@@ -161,13 +179,14 @@ fn tensor(buf: &[u8], packed: bool) -> Result<Option<Found>, ()> {
     let Some(dtype) = dtype else {
         return Ok(None);
     };
-    if let Some((field, at, len)) = values {
+    if let Some((field, at, len, tagged)) = values {
         return Ok(packed_values(
             dtype,
             dims.unwrap_or_default(),
             field,
             &buf[at..at + len],
             at,
+            tagged,
         ));
     }
     let Some((at, len)) = content else {
@@ -184,13 +203,24 @@ fn tensor(buf: &[u8], packed: bool) -> Result<Option<Found>, ()> {
     Ok((len > 0 && Some(len) == want).then_some((dtype, dims, at, len, Encoding::Content)))
 }
 
-/// A tensor whose values are the packed `field` (`data`, at `at`): a content tensor when the field is its dtype's
-/// and is not empty; fixed32 values must fill exactly the shape's elements, varints are counted by the reader.
-fn packed_values(dtype: i64, dims: Vec<i64>, field: u64, data: &[u8], at: usize) -> Option<Found> {
+/// A tensor whose values are the packed `field` (`data`, at `at`), or with `tagged` its run of unpacked records: a
+/// content tensor when the field is its dtype's and is not empty; packed fixed32 values must fill exactly the
+/// shape's elements, the other encodings are counted by the reader.
+fn packed_values(
+    dtype: i64,
+    dims: Vec<i64>,
+    field: u64,
+    data: &[u8],
+    at: usize,
+    tagged: bool,
+) -> Option<Found> {
     let dtype = i32::try_from(dtype).ok()?;
     let (want_field, encoding) = packed_field(dtype)?;
     if field != want_field || data.is_empty() {
         return None;
+    }
+    if tagged {
+        return Some((dtype, dims, at, data.len(), Encoding::Tagged));
     }
     if encoding == Encoding::Content
         && Some(data.len()) != elements(&dims).and_then(|n| n.checked_mul(4))

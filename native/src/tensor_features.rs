@@ -4,7 +4,8 @@
 //!
 //! It answers only requests whose every input is a `tensor_content` tensor of exactly its shape's bytes, or a tensor
 //! whose values are its dtype's packed `float_val` / `int_val` / `int64_val` field with one value per element (as
-//! `tf.make_tensor_proto` writes a one-element tensor) (`predict_req::split_inputs`), and that the reference
+//! `tf.make_tensor_proto` writes a one-element tensor) or that field's unpacked records in one run (as Go's
+//! protobuf writes one) (`predict_req::split_inputs`), and that the reference
 //! accepts as they are: ids int64 or int32, weights and dense values
 //! float32, every feature of the manifest present once and nothing else, one row per example, single features
 //! `[B]` or `[B, 1]`, multi features `[B, L]` padded with -1 and within `max_ids`, weights of the ids' shape and
@@ -16,15 +17,24 @@ use pyo3::prelude::*;
 
 use crate::features::{to_python, Arrays, FeatureLayout, Parsed, Role, SparseOut};
 use crate::predict_req::{elements, split_inputs, Content, Encoding};
-use crate::wire::Reader;
+use crate::wire::{Reader, I32};
 
 const DT_FLOAT: i32 = 1;
 const DT_INT32: i32 = 3;
 const DT_INT64: i32 = 9;
 const PAD_ID: i64 = -1;
 
-/// The packed varints of `data`, exactly `n` of them, each as protobuf reads it for `dtype`: int64 as it is, int32
-/// from its low 32 bits. None when they are malformed or not `n` (the reference words the error).
+/// A varint as protobuf reads it for `dtype`: int64 as it is, int32 from its low 32 bits.
+fn int_of(v: u64, dtype: i32) -> Option<i64> {
+    match dtype {
+        DT_INT64 => Some(v as i64),
+        DT_INT32 => Some(i64::from(v as u32 as i32)),
+        _ => None,
+    }
+}
+
+/// The packed varints of `data`, exactly `n` of them, each as protobuf reads it for `dtype` (`int_of`). None when
+/// they are malformed or not `n` (the reference words the error).
 fn varints(data: &[u8], dtype: i32, n: usize) -> Option<Vec<i64>> {
     let mut r = Reader::new(data);
     let mut out = Vec::with_capacity(n);
@@ -32,11 +42,27 @@ fn varints(data: &[u8], dtype: i32, n: usize) -> Option<Vec<i64>> {
         if out.len() == n {
             return None;
         }
-        let v = r.varint()?;
-        out.push(match dtype {
-            DT_INT64 => v as i64,
-            DT_INT32 => i64::from(v as u32 as i32),
-            _ => return None,
+        out.push(int_of(r.varint()?, dtype)?);
+    }
+    (out.len() == n).then_some(out)
+}
+
+/// The values of a run of unpacked records (`Encoding::Tagged`: each a tag, then a varint or a fixed32, as the
+/// split found them), exactly `n` of them; a fixed32 as its bits. None when they are not `n`.
+fn tagged(data: &[u8], n: usize) -> Option<Vec<u64>> {
+    let mut r = Reader::new(data);
+    let mut out = Vec::with_capacity(n);
+    while !r.done() {
+        if out.len() == n {
+            return None;
+        }
+        out.push(match r.tag()?.1 {
+            I32 => {
+                let at = r.at;
+                r.skip(I32)?;
+                u64::from(u32::from_le_bytes(data[at..at + 4].try_into().ok()?))
+            }
+            _ => r.varint()?,
         });
     }
     (out.len() == n).then_some(out)
@@ -44,8 +70,13 @@ fn varints(data: &[u8], dtype: i32, n: usize) -> Option<Vec<i64>> {
 
 fn ids_of(raw: &[u8], c: &Content, encoding: Encoding) -> Option<Vec<i64>> {
     let data = &raw[c.3..c.3 + c.4];
-    if encoding == Encoding::Varints {
-        return varints(data, c.1, elements(&c.2)?);
+    match encoding {
+        Encoding::Content => {}
+        Encoding::Varints => return varints(data, c.1, elements(&c.2)?),
+        Encoding::Tagged => {
+            let values = tagged(data, elements(&c.2)?)?;
+            return values.into_iter().map(|v| int_of(v, c.1)).collect();
+        }
     }
     Some(match c.1 {
         DT_INT64 => data
@@ -61,15 +92,24 @@ fn ids_of(raw: &[u8], c: &Content, encoding: Encoding) -> Option<Vec<i64>> {
 }
 
 fn floats_of(raw: &[u8], c: &Content, encoding: Encoding) -> Option<Vec<f32>> {
-    if c.1 != DT_FLOAT || encoding == Encoding::Varints {
+    if c.1 != DT_FLOAT {
         return None;
     }
     let data = &raw[c.3..c.3 + c.4];
-    Some(
-        data.chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect(),
-    )
+    match encoding {
+        Encoding::Content => Some(
+            data.chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect(),
+        ),
+        Encoding::Tagged => Some(
+            tagged(data, elements(&c.2)?)?
+                .into_iter()
+                .map(|v| f32::from_bits(v as u32))
+                .collect(),
+        ),
+        Encoding::Varints => None,
+    }
 }
 
 /// Pure: the batch of `raw` for `layout`, or None when the reference must decide (module docs).

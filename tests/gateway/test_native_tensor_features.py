@@ -7,7 +7,8 @@ over and under ``max_ids``, weights sent or not, NaN weights on padding and on i
 requests spoilt (a feature missing, an unknown input, a batch size that differs, a float64 tensor, a duplicated
 input) and some tensors written as packed ``*_val`` fields (the dtype's own field with one value per element, as
 ``tf.make_tensor_proto`` writes one-element tensors, which the reader takes; another field, or fewer values than
-elements, which it leaves to the reference): whenever the native reader answers, the reference accepts the request
+elements, which it leaves to the reference) or as unpacked records (one run, as Go's protobuf writes them, which it
+takes; runs split by another field, or packed and unpacked values mixed, which it leaves): whenever the native reader answers, the reference accepts the request
 and gives the same batch bit for bit; whenever the reference accepts a request of the forms the reader takes, the
 reader answers too.
 """
@@ -49,10 +50,39 @@ _SPOIL = [
     "packed",
     "packed_other",
     "packed_short",
+    "unpacked",
+    "unpacked",
+    "unpacked_split",
+    "unpacked_mixed",
     "twice",
 ]
 _FIELD = {np.dtype(np.int64): "int64_val", np.dtype(np.int32): "int_val", np.dtype(np.float32): "float_val"}
 _DTYPE = {"int64_val": tfs_pb2.DT_INT64, "int_val": tfs_pb2.DT_INT32, "float_val": tfs_pb2.DT_FLOAT}
+_NUMBER = {"float_val": 5, "int_val": 7, "int64_val": 10}
+
+
+def _varint(v: int) -> bytes:
+    v &= 2**64 - 1  # negative ints are written as their 64-bit two's complement, int32 too
+    out = bytearray()
+    while v >= 0x80:
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _unpacked(field: str, values: list[Any]) -> bytes:
+    """``values`` as unpacked records of ``field`` (each its tag, then the value), as Go's protobuf writes them."""
+    if field == "float_val":
+        return b"".join(_varint(5 << 3 | 5) + np.float32(v).tobytes() for v in values)
+    return b"".join(_varint(_NUMBER[field] << 3) + _varint(int(v)) for v in values)
+
+
+def _entry(name: str, tensor: bytes) -> bytes:
+    """One ``inputs`` entry of a PredictRequest holding the serialized TensorProto ``tensor``."""
+    key = name.encode()
+    body = b"\x0a" + _varint(len(key)) + key + b"\x12" + _varint(len(tensor)) + tensor
+    return b"\x12" + _varint(len(body)) + body
 
 
 def _inputs(data: st.DataObject, manifest: Manifest) -> tuple[list[tuple[str, np.ndarray]], bool]:
@@ -111,6 +141,27 @@ def _spoil(data: st.DataObject, inputs: list[tuple[str, np.ndarray]]) -> tuple[b
         del inputs[k]
         suffix = tfs_pb2.PredictRequest(inputs={name: t}).SerializeToString()
         plain = how == "packed" or (how == "packed_short" and a.size == 1)
+    elif how is not None and how.startswith("unpacked"):
+        name, a = inputs[k]
+        field = _FIELD[a.dtype]
+        values = a.reshape(-1).tolist()
+        head = tfs_pb2.TensorProto(dtype=_DTYPE[field])
+        head.tensor_shape.dim.extend(tfs_pb2.TensorShapeProto.Dim(size=s) for s in a.shape)
+        if how == "unpacked":  # one run of records after the dtype and the shape: the reader takes it
+            tensor = head.SerializeToString() + _unpacked(field, values)
+            plain = True
+        elif how == "unpacked_split":  # the shape between the first record and the others: a second run
+            shape = tfs_pb2.TensorProto(tensor_shape=head.tensor_shape).SerializeToString()
+            dtype = tfs_pb2.TensorProto(dtype=head.dtype).SerializeToString()
+            tensor = _unpacked(field, values[:1]) + shape + _unpacked(field, values[1:]) + dtype
+            plain = a.size == 1
+        else:  # all but the last value packed, the last one a record: protobuf joins them; the reader declines
+            packed = tfs_pb2.TensorProto()
+            getattr(packed, field).extend(values[:-1])
+            tensor = head.SerializeToString() + packed.SerializeToString() + _unpacked(field, values[-1:])
+            plain = False
+        del inputs[k]
+        suffix = _entry(name, tensor)
     elif how == "twice":
         inputs.append(inputs[k])
         plain = (
