@@ -84,6 +84,14 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.native_fallbacks = Counter(
+            "embedgate_native_fallbacks",
+            "requests of embedding models whose features the native reader left to the Python reference, by step "
+            "(rest_features, grpc_features): a malformed request (the reference words the error) or a form the "
+            "native reader does not take",
+            ["step"],
+            registry=r,
+        )
         self.admission_wait = Histogram(
             "embedgate_admission_queue_wait_seconds",
             "time requests that found no free slot spent in the admission queue (admitted or shed)",

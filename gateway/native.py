@@ -45,7 +45,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -72,6 +72,7 @@ __all__ = [
     "classify_response",
     "entry_request",
     "grpc_gate",
+    "on_fallback",
     "path",
     "plain_predict_request",
     "plan_lookups",
@@ -90,6 +91,24 @@ ENV: Final = (
     "EMBEDGATE_NATIVE"  # "off" forces the Python reference; anything else (default "auto") uses native
 )
 log = logging.getLogger("embedgate.gateway")
+
+# Where the native feature readers report a request they left to the reference (the app's metrics); see on_fallback.
+_fallback_sink: Callable[[str], None] | None = None
+
+
+def on_fallback(sink: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """Report every request whose features a native reader left to the Python reference to ``sink(step)``
+    (``step``: ``rest_features`` or ``grpc_features``); the gateway's lifespan sets its metrics' counter
+    (``embedgate_native_fallbacks_total{step}``). One sink per process, the last set; returns the one it replaces."""
+    global _fallback_sink
+    before, _fallback_sink = _fallback_sink, sink
+    return before
+
+
+def _fell_back(step: str) -> None:
+    sink = _fallback_sink
+    if sink is not None:
+        sink(step)
 
 
 @functools.cache
@@ -366,10 +385,9 @@ def tensor_features(raw: bytes, manifest: Manifest) -> FeatureBatch | None:
     if mod is None or path() != "native" or not hasattr(mod, "tensor_features"):
         return None
     layout = _feature_layout(mod, manifest)
-    if layout is None:
-        return None
-    done = mod.tensor_features(raw, layout)
+    done = None if layout is None else mod.tensor_features(raw, layout)
     if done is None:
+        _fell_back("grpc_features")
         return None
     return _feature_batch(done, manifest)[0]
 
@@ -388,12 +406,15 @@ def rest_batch(
     if mod is None or path() != "native" or not hasattr(mod, "rest_features"):
         return None
     layout = _feature_layout(mod, manifest)
-    if layout is None:
-        return None
-    done = mod.rest_features(
-        body, layout, limits.max_json_depth, limits.max_instances, limits.max_ids_per_feature
+    done = (
+        None
+        if layout is None
+        else mod.rest_features(
+            body, layout, limits.max_json_depth, limits.max_instances, limits.max_ids_per_feature
+        )
     )
     if done is None:
+        _fell_back("rest_features")
         return None
     sig, arrays = done
     batch, fmt = _feature_batch(arrays, manifest)

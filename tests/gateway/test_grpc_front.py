@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from gateway import native
 from tests.gateway.conftest import passthrough_models
 from tests.support.gateway import run_gateway
 from tests.support.ports import free_port
@@ -377,6 +378,45 @@ def test_health_and_metrics(front: Front, demo_artifacts: Any) -> None:
     ]
     assert any('api="predict"' in x and 'outcome="OK"' in x for x in ok), ok
     assert any('outcome="INVALID_ARGUMENT"' in x for x in ok), ok
+
+
+def _fallbacks(front: Front, step: str) -> float:
+    """``embedgate_native_fallbacks_total{step}`` as the gateway reports it now (0 before the first one)."""
+    for line in httpx.get(f"{front.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(f'embedgate_native_fallbacks_total{{step="{step}"}} '):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_requests_the_native_reader_leaves_to_the_reference_are_counted(
+    front: Front, demo_artifacts: Any
+) -> None:
+    """A request the native feature reader takes adds nothing to ``embedgate_native_fallbacks_total``; one it leaves
+    to the reference (a valid gRPC tensor whose last value repeats; a malformed REST body) adds one to its step."""
+    import tensorflow as tf
+
+    if not native.available():
+        pytest.skip("embedgate_native is not built (make install)")
+    m = demo_artifacts.manifest
+    instances = demo_artifacts.instances[:3]
+    grpc_before, rest_before = _fallbacks(front, "grpc_features"), _fallbacks(front, "rest_features")
+    tensors = _tensors(instances, m)
+    front.predictions.Predict(_predict_request(m.model_name, tensors), _TIMEOUT)
+    _rest_predictions(front, m.model_name, instances)
+    assert _fallbacks(front, "grpc_features") == grpc_before
+    assert _fallbacks(front, "rest_features") == rest_before
+
+    single = next(f for f in m.sparse_features if f.kind.value == "single")
+    one_id = int(tf.make_ndarray(tensors[single.name]).reshape(-1)[0])
+    short = tf.make_tensor_proto(np.full(len(instances), one_id, np.int64))
+    short.ClearField("tensor_content")
+    short.int64_val.append(one_id)  # one value for a shape of three: TensorProto repeats the last one
+    tensors[single.name] = short
+    front.predictions.Predict(_predict_request(m.model_name, tensors), _TIMEOUT)
+    assert _fallbacks(front, "grpc_features") == grpc_before + 1
+    r = httpx.post(f"{front.url}/v1/models/{m.model_name}:predict", content=b'{"instances": [', timeout=30)
+    assert r.status_code == 400, r.text
+    assert _fallbacks(front, "rest_features") == rest_before + 1
 
 
 def test_in_flight_limit_and_message_size(front: Front) -> None:
