@@ -172,7 +172,7 @@ async def test_a_killed_replica_heals_and_neither_replica_stays_flagged_nor_answ
             topic = s["topics"][0]
             async with (
                 app_client(models=[model], grpc={"position_poll_s": _POLL_S}) as gw,
-                running(s) as upd,
+                running(s),
                 DeltaPublisher(kafka.bootstrap, topic=s["topics"][0]) as pub,
             ):
 
@@ -215,12 +215,6 @@ async def test_a_killed_replica_heals_and_neither_replica_stays_flagged_nor_answ
                 predicting = asyncio.create_task(predict_loop())
                 try:
                     # ---- B is SIGKILLed and comes back with its export: rows and positions gone
-                    catchups_before = (
-                        upd.metrics.registry.get_sample_value(
-                            "embedgate_updater_replica_catchups_total", {"model": name, "shard": "0"}
-                        )
-                        or 0.0
-                    )
                     server_b.proc.send_signal(signal.SIGKILL)
                     await asyncio.to_thread(server_b.proc.wait, 20)
                     await asyncio.sleep(5 * _POLL_S)  # the outage: the gateway polls B in vain meanwhile
@@ -228,7 +222,11 @@ async def test_a_killed_replica_heals_and_neither_replica_stays_flagged_nor_answ
                     newest[1::3] += 2.0  # streaming goes on
                     await pub.publish(manifest, table, ids[1::3], newest[1::3])
 
-                    # ---- the updater heals B by itself; then neither replica is flagged
+                    # ---- the updater heals B by itself; then neither replica is flagged. The premise that B was
+                    # found behind and replayed: two thirds of the keys are not published again after the kill, and
+                    # B's export does not hold their newest rows, so only a replay brings them back to B. (Which path
+                    # finds B behind, and whether it counts a new catch-up, depends on timing: a catch-up task for B
+                    # still registered from the first replay takes the restarted B over without a new count.)
                     await eventually(
                         lambda: on_every_replica(newest, [a, b]), 180, "every key at its newest on A and B"
                     )
@@ -238,15 +236,6 @@ async def test_a_killed_replica_heals_and_neither_replica_stays_flagged_nor_answ
                         for sh in first
                     }
                     await eventually(lambda: replayed(b, floor), 180, "B's replay done")
-                    catchups = (
-                        upd.metrics.registry.get_sample_value(
-                            "embedgate_updater_replica_catchups_total", {"model": name, "shard": "0"}
-                        )
-                        or 0.0
-                    )
-                    assert catchups > catchups_before, (
-                        "the premise: the updater found B behind and replayed it"
-                    )
                     try:
                         await eventually(none_flagged, 120, "neither replica flagged once B has caught up")
                     except AssertionError as exc:
