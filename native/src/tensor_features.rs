@@ -33,36 +33,23 @@ fn int_of(v: u64, dtype: i32) -> Option<i64> {
     }
 }
 
-/// The packed varints of `data`, exactly `n` of them, each as protobuf reads it for `dtype` (`int_of`). None when
-/// they are malformed or not `n` (the reference words the error).
-fn varints(data: &[u8], dtype: i32, n: usize) -> Option<Vec<i64>> {
+/// Exactly `n` values of `data`: packed varints (`Encoding::Varints`), or a run of unpacked records
+/// (`Encoding::Tagged`: each a tag, then a varint or a fixed32, as the split found them; a fixed32 as its bits).
+/// None when they are malformed or not `n` (the reference words the error).
+fn values(data: &[u8], n: usize, tagged: bool) -> Option<Vec<u64>> {
     let mut r = Reader::new(data);
     let mut out = Vec::with_capacity(n);
     while !r.done() {
         if out.len() == n {
             return None;
         }
-        out.push(int_of(r.varint()?, dtype)?);
-    }
-    (out.len() == n).then_some(out)
-}
-
-/// The values of a run of unpacked records (`Encoding::Tagged`: each a tag, then a varint or a fixed32, as the
-/// split found them), exactly `n` of them; a fixed32 as its bits. None when they are not `n`.
-fn tagged(data: &[u8], n: usize) -> Option<Vec<u64>> {
-    let mut r = Reader::new(data);
-    let mut out = Vec::with_capacity(n);
-    while !r.done() {
-        if out.len() == n {
-            return None;
-        }
-        out.push(match r.tag()?.1 {
-            I32 => {
-                let at = r.at;
-                r.skip(I32)?;
-                u64::from(u32::from_le_bytes(data[at..at + 4].try_into().ok()?))
-            }
-            _ => r.varint()?,
+        let fixed32 = tagged && r.tag()?.1 == I32;
+        out.push(if fixed32 {
+            let at = r.at;
+            r.skip(I32)?;
+            u64::from(u32::from_le_bytes(data[at..at + 4].try_into().ok()?))
+        } else {
+            r.varint()?
         });
     }
     (out.len() == n).then_some(out)
@@ -70,13 +57,10 @@ fn tagged(data: &[u8], n: usize) -> Option<Vec<u64>> {
 
 fn ids_of(raw: &[u8], c: &Content, encoding: Encoding) -> Option<Vec<i64>> {
     let data = &raw[c.3..c.3 + c.4];
-    match encoding {
-        Encoding::Content => {}
-        Encoding::Varints => return varints(data, c.1, elements(&c.2)?),
-        Encoding::Tagged => {
-            let values = tagged(data, elements(&c.2)?)?;
-            return values.into_iter().map(|v| int_of(v, c.1)).collect();
-        }
+    if encoding != Encoding::Content {
+        let tagged = encoding == Encoding::Tagged;
+        let values = values(data, elements(&c.2)?, tagged)?;
+        return values.into_iter().map(|v| int_of(v, c.1)).collect();
     }
     Some(match c.1 {
         DT_INT64 => data
@@ -103,7 +87,7 @@ fn floats_of(raw: &[u8], c: &Content, encoding: Encoding) -> Option<Vec<f32>> {
                 .collect(),
         ),
         Encoding::Tagged => Some(
-            tagged(data, elements(&c.2)?)?
+            values(data, elements(&c.2)?, true)?
                 .into_iter()
                 .map(|v| f32::from_bits(v as u32))
                 .collect(),
@@ -246,16 +230,37 @@ mod tests {
     #[test]
     fn packed_int32_values_are_read_from_their_low_32_bits_as_protobuf_reads_them() {
         let five_bytes = [0xff, 0xff, 0xff, 0xff, 0x0f]; // 2^32 - 1, not sign-extended
-        assert_eq!(varints(&five_bytes, DT_INT32, 1), Some(vec![-1]));
-        assert_eq!(
-            varints(&five_bytes, DT_INT64, 1),
-            Some(vec![(1i64 << 32) - 1])
-        );
+        let ints = |data: &[u8], dtype: i32, n: usize| -> Option<Vec<i64>> {
+            values(data, n, false)?
+                .into_iter()
+                .map(|v| int_of(v, dtype))
+                .collect()
+        };
+        assert_eq!(ints(&five_bytes, DT_INT32, 1), Some(vec![-1]));
+        assert_eq!(ints(&five_bytes, DT_INT64, 1), Some(vec![(1i64 << 32) - 1]));
         let minus_one = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
-        assert_eq!(varints(&minus_one, DT_INT32, 1), Some(vec![-1]));
-        assert_eq!(varints(&minus_one, DT_INT64, 1), Some(vec![-1]));
-        assert_eq!(varints(&[0x80], DT_INT64, 1), None); // truncated
-        assert_eq!(varints(&[1, 2], DT_INT64, 1), None); // more values than elements
-        assert_eq!(varints(&[1], DT_INT64, 2), None); // fewer: TensorProto's "the last value repeats"
+        assert_eq!(ints(&minus_one, DT_INT32, 1), Some(vec![-1]));
+        assert_eq!(ints(&minus_one, DT_INT64, 1), Some(vec![-1]));
+        assert_eq!(ints(&[0x80], DT_INT64, 1), None); // truncated
+        assert_eq!(ints(&[1, 2], DT_INT64, 1), None); // more values than elements
+        assert_eq!(ints(&[1], DT_INT64, 2), None); // fewer: TensorProto's "the last value repeats"
+    }
+
+    #[test]
+    fn unpacked_records_give_varints_and_fixed32_bits() {
+        // field 10 (int64_val) varints 7 and 300; field 5 (float_val) fixed32 1.5
+        assert_eq!(
+            values(&[0x50, 7, 0x50, 0xac, 0x02], 2, true),
+            Some(vec![7, 300])
+        );
+        let one_and_a_half = 1.5f32.to_bits().to_le_bytes();
+        let mut rec = vec![0x2d];
+        rec.extend_from_slice(&one_and_a_half);
+        assert_eq!(
+            values(&rec, 1, true),
+            Some(vec![u64::from(1.5f32.to_bits())])
+        );
+        assert_eq!(values(&rec[..3], 1, true), None); // truncated fixed32
+        assert_eq!(values(&[0x50, 7, 0x50, 8], 1, true), None); // more records than elements
     }
 }
