@@ -265,9 +265,16 @@ class CatchUpTasks:
     ) -> None:
         """``replica`` reported position ``had`` on partition ``key``, below what it had acknowledged (it restarted
         or loaded another version): replay it alone up to ``end`` (where the live loop is now; ``live_end()`` says
-        where it is later, see :func:`catch_up`), unless running."""
-        if (replica, key) in self._tasks:
-            return
+        where it is later, see :func:`catch_up`).
+
+        The book marks a replica found behind only while no catch-up of it runs (a running one moves its positions
+        and finds a fall-back itself), so a task still registered here has already handed the replica back (or
+        given up) and only its done callback is pending: the replica fell behind again right after, and gets a
+        catch-up of its own. (A registered task still running would be cancelled: the new one replays from the
+        positions the replica reports, which cover what the old one wrote.)"""
+        previous = self._tasks.get((replica, key))
+        if previous is not None:
+            previous.cancel()  # a no-op once it has ended
         topic, _, part = key.rpartition(":")
         log.warning(
             "%s is behind on %s (position %d): replaying it alone up to offset %d",
@@ -298,7 +305,8 @@ class CatchUpTasks:
         task.add_done_callback(functools.partial(self._done, (replica, key), book))
 
     def _done(self, k: tuple[Replica, str], book: PositionBook, task: asyncio.Task[None]) -> None:
-        if self._tasks.get(k) is task:
+        current = self._tasks.get(k) is task  # else cancelled, or replaced by a newer catch-up of the replica
+        if current:
             del self._tasks[k]
         if task.cancelled():
             return
@@ -306,7 +314,8 @@ class CatchUpTasks:
             log.error(
                 "catch-up of %s on %s failed: %r; it is retried on the next write", _name(k[0]), k[1], exc
             )
-            book.abandon(*k)
+            if current:  # a newer catch-up owns the replica's book entry
+                book.abandon(*k)
 
     def cancel(self) -> None:
         """Cancel every catch-up (partitions revoked: a new owner, maybe this one, judges the replicas afresh)."""

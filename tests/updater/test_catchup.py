@@ -1,7 +1,8 @@
-"""updater.catchup.catch_up with a fake replica (a PS that keeps rows and positions as the real one does) and a fake
-group-less consumer: a replica that restarts again during its replay is replayed up to where the live loop is by then,
-not only to where it was when the replay started (the live rows it had received meanwhile were lost with it); a replay
-that ends with the live loop further on is extended up to it, a bounded number of times."""
+"""updater.catchup.catch_up and CatchUpTasks with a fake replica (a PS that keeps rows and positions as the real one
+does) and a fake group-less consumer: a replica that restarts again during its replay is replayed up to where the live
+loop is by then, not only to where it was when the replay started (the live rows it had received meanwhile were lost
+with it); a replay that ends with the live loop further on is extended up to it, a bounded number of times; a replica
+found behind again as its catch-up ends is replayed again."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from schemas.manifest import stream_partition_key
 from schemas.updater_settings import RetrySettings
 from tests.updater.fakes import MANIFEST, TOPIC, delta_record, ids_of_shard
 from updater.apply import WriteGroup
+from updater.metrics import UpdaterMetrics
 from updater.replicas import PositionBook, Replica
 
 TP = TopicPartition(TOPIC, 0)
@@ -61,15 +63,23 @@ class _Consumer:
 
 class _Replica:
     """One PS replica: rows and per-table positions, moved only where the stored one is >= the expected one; it
-    restarts (loses every row and position) right after its ``restart_after``-th write."""
+    restarts (loses every row and position) right after its ``restart_after``-th write, and right before answering
+    its ``restart_on_read``-th ``stream_position``."""
 
-    def __init__(self, restart_after: int) -> None:
+    def __init__(self, restart_after: int, restart_on_read: int = 0) -> None:
         self.rows: dict[int, float] = {}
         self.position: dict[str, int] = {}
-        self.writes = 0
+        self.writes = self.reads = 0
         self.restart_after = restart_after
+        self.restart_on_read = restart_on_read
+
+    def restart(self) -> None:
+        self.rows, self.position = {}, {}
 
     async def stream_position(self, replica: Replica) -> dict[str, dict[str, int]]:
+        self.reads += 1
+        if self.reads == self.restart_on_read:
+            self.restart()
         return {t: ({KEY: p} if (p := self.position.get(t, -1)) >= 0 else {}) for t in ("item",)}
 
     async def write_replica(self, target: str, group: WriteGroup, expected: dict[str, int]) -> dict[str, int]:
@@ -81,7 +91,7 @@ class _Replica:
             self.position[table] = max(before, group.positions[KEY])
         self.writes += 1
         if self.writes == self.restart_after:
-            self.rows, self.position = {}, {}
+            self.restart()
         return {KEY: before}
 
 
@@ -147,3 +157,96 @@ async def test_a_live_loop_that_never_pauses_extends_the_replay_a_bounded_number
     assert ps.rows == {IDS[off]: float(off) for off in range(last)}
     assert book.expected(REPLICA, "item", KEY) == last
     assert not book.catching_up(REPLICA, KEY)
+
+
+class _Book(PositionBook):
+    """A PositionBook that records every hand-back (:meth:`caught_up`) and, after the first, schedules ``then`` in
+    the event loop: it runs in the same turn, before the catch-up task's done callbacks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed_back: list[int] = []
+        self.changed = asyncio.Event()
+        self.then: Callable[[], None] | None = None
+
+    def caught_up(self, replica: Replica, key: str, tables: list[str], position: int) -> None:
+        super().caught_up(replica, key, tables, position)
+        self.handed_back.append(position)
+        self.changed.set()
+        if self.then is not None:
+            asyncio.get_running_loop().call_soon(self.then)
+            self.then = None
+
+    async def handed_back_times(self, n: int, timeout_s: float = 10.0) -> None:
+        async with asyncio.timeout(timeout_s):
+            while len(self.handed_back) < n:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+def _tasks(ps: _Replica) -> tuple[catchup.CatchUpTasks, UpdaterMetrics]:
+    metrics = UpdaterMetrics()
+    tasks = catchup.CatchUpTasks(
+        manifests={"unit": MANIFEST},
+        writer=ps,  # type: ignore[arg-type]
+        decode=lambda rec: decode_delta(rec.value),
+        consumer_factory=_Consumer,  # type: ignore[arg-type]
+        retry=RetrySettings(min_backoff_ms=1, max_backoff_ms=2),
+        stop=asyncio.Event(),
+        metrics=metrics,
+    )
+    return tasks, metrics
+
+
+def _catchups(metrics: UpdaterMetrics) -> float:
+    got = metrics.registry.get_sample_value(
+        "embedgate_updater_replica_catchups_total", {"model": "unit", "shard": "0"}
+    )
+    return got or 0.0
+
+
+def _found_behind(book: PositionBook, tasks: catchup.CatchUpTasks, previous: int, end: int) -> None:
+    """What the live loop does with the answer of its write of the records up to ``end`` (``ConsumerLoop._apply_one``):
+    the replica had ``previous``. The live loop is at offset 10 when a catch-up asks."""
+    for key, had in book.acknowledged(REPLICA, "item", {KEY: end}, {KEY: previous}).items():
+        tasks.start(book, REPLICA, key, had, end, lambda: 10)
+
+
+async def test_a_replica_found_behind_again_as_its_catch_up_ends_is_replayed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The replica restarts right after the last write of its catch-up; the live loop's next answer (no position:
+    its export has none) reaches the loop in the same turn as the catch-up's end, after the catch-up handed the
+    replica back to the book but before its task's done callback ran. The book marks it catching up again and the
+    loop asks for a catch-up: it must run (and count), although the finished task is still registered; otherwise
+    the replica stays marked catching up for good, with nothing replaying it (the loop no longer judges its
+    answers), and lacks every row it lost."""
+    monkeypatch.setattr(catchup, "_BATCH", 3)
+    ps = _Replica(restart_after=-1)
+    ps.rows = {IDS[off]: float(off) for off in range(5, 10)}  # live writes it received during the replay
+    book = _Book()
+    tasks, metrics = _tasks(ps)
+
+    def restarted_and_answered() -> None:
+        ps.restart()
+        _found_behind(book, tasks, previous=-1, end=10)
+
+    book.then = restarted_and_answered
+    book.live_from(KEY, 0)
+    try:
+        _found_behind(book, tasks, previous=-1, end=5)  # its first write: the export has no position
+        await book.handed_back_times(1)
+        try:
+            await book.handed_back_times(2)
+        except TimeoutError:
+            pytest.fail(
+                f"found behind again, never replayed: catching up {book.catching_up(REPLICA, KEY)}, "
+                f"rows of offsets {sorted(IDS.index(i) for i in ps.rows)}"
+            )
+    finally:
+        await tasks.close()
+    assert book.handed_back == [10, 10]
+    assert ps.rows == {IDS[off]: float(off) for off in range(10)}, "a row the replica lost was not replayed"
+    assert ps.position == {"item": 10}
+    assert not book.catching_up(REPLICA, KEY)
+    assert _catchups(metrics) == 2
