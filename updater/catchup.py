@@ -7,10 +7,12 @@ live loop's next offset when the catch-up started: the live loop writes everythi
 and writes the replica's rows, coalesced per table, to that replica only, each write recording how far it got.
 Every other replica keeps receiving live writes meanwhile; rows are versioned, so the replayed and live writes may
 interleave in any order. A replica that falls back again during the catch-up (it restarted once more, losing the
-live writes it had received meanwhile) restarts it, up to where the live loop is by then; a down replica is retried
-with the usual backoff. If the live loop read past ``end`` meanwhile, those records are replayed too (their live
-writes reached the replica's rows but could not move its positions). Finally every table's position is set to
-``end`` (a write without rows) and the replica is handed back to the live bookkeeping.
+live writes it had received meanwhile) restarts it, up to where the live loop is by then: found by a write (the
+replica had less than this catch-up wrote) or by the positions read as a round starts (below where the previous
+round left them); a down replica is retried with the usual backoff. If the live loop read past ``end`` meanwhile,
+those records are replayed too (their live writes reached the replica's rows but could not move its positions).
+Finally every table's position is set to ``end`` (a write without rows) and the replica is handed back to the live
+bookkeeping.
 """
 
 from __future__ import annotations
@@ -70,19 +72,26 @@ async def catch_up(
     catch-up starts again up to ``live_end()`` (the live loop's rows from there on reach it as before). A replay
     that ends with the live loop past ``end`` is extended to ``live_end()`` (at most ``_MAX_EXTENSIONS`` times):
     the live writes made meanwhile could not move the replica's positions. Under a stream that never pauses the
-    positions then move on with the next live write of each table, as they do for any replica."""
+    positions then move on with the next live write of each table, as they do for any replica.
+
+    A fall-back is found by a write (the replica answers less than this catch-up wrote) or by the positions read as
+    a round starts (below ``floor``, where the previous round left every table): a replica that restarted between
+    two rounds lost the live writes it received after the previous round's ``live_end()``, so the next round must
+    not stop at that ``end`` (with no extension left its positions would be set to it without those rows)."""
     key = stream_partition_key(tp.topic, tp.partition)
     tables = [t.name for t in manifest.tables]
     extensions = replayed = 0
+    # every table's position when the previous round ended (-1: no round ended since the catch-up (re)started)
+    floor = -1
     for attempt in range(_MAX_RESTARTS + _MAX_EXTENSIONS):
         if stop.is_set():
             return
         try:
             replayed += await _run(
-                replica, tp, key, end, hint, manifest, writer, decode, consumer_factory, retry, stop
+                replica, tp, key, end, hint, floor, manifest, writer, decode, consumer_factory, retry, stop
             )
         except _FellBack as exc:
-            if live_end is not None:
+            if live_end is not None:  # read after the fall-back was seen: beyond every live write it lost
                 end = max(end, live_end())
             log.warning(
                 "catch-up of %s on %s: %s; starting again up to offset %d (attempt %d)",
@@ -92,10 +101,11 @@ async def catch_up(
                 end,
                 attempt + 2,
             )
-            hint = -1
+            hint = floor = -1
             continue
         if stop.is_set():
             return
+        floor = end  # the round set every table's position to at least ``end``
         now = live_end() if live_end is not None else end
         if now > end and extensions < _MAX_EXTENSIONS:
             # The live loop wrote records from ``end`` on to this replica during the replay: their rows reached it,
@@ -123,6 +133,7 @@ async def _run(
     key: str,
     end: int,
     hint: int,
+    floor: int,
     manifest: Manifest,
     writer: ShardWriter,
     decode: Callable[[Any], EmbeddingDelta | None],
@@ -134,6 +145,11 @@ async def _run(
     if reported is None:
         return 0
     progress = {t.name: reported.get(t.name, {}).get(key, -1) for t in manifest.tables}
+    for table, had in progress.items():
+        if had < floor:
+            raise _FellBack(
+                f"table {table!r} reported position {had}, below {floor} where the last round left it"
+            )
     start = min([*progress.values(), hint]) if hint >= 0 else min(progress.values())
     consumer = consumer_factory()
     replayed = 0

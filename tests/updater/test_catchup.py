@@ -1,8 +1,9 @@
 """updater.catchup.catch_up and CatchUpTasks with a fake replica (a PS that keeps rows and positions as the real one
-does) and a fake group-less consumer: a replica that restarts again during its replay is replayed up to where the live
-loop is by then, not only to where it was when the replay started (the live rows it had received meanwhile were lost
-with it); a replay that ends with the live loop further on is extended up to it, a bounded number of times; a replica
-found behind again as its catch-up ends is replayed again."""
+does) and a fake group-less consumer: a replica that restarts again during its replay (found by a write, or by the
+positions a round reads) is replayed up to where the live loop is by then, not only to where it was when the replay
+started (the live rows it had received meanwhile were lost with it); a replay that ends with the live loop further on
+is extended up to it, a bounded number of times; a replica found behind again as its catch-up ends is replayed
+again."""
 
 from __future__ import annotations
 
@@ -157,6 +158,27 @@ async def test_a_live_loop_that_never_pauses_extends_the_replay_a_bounded_number
     assert ps.rows == {IDS[off]: float(off) for off in range(last)}
     assert book.expected(REPLICA, "item", KEY) == last
     assert not book.catching_up(REPLICA, KEY)
+
+
+async def test_a_replica_that_restarts_between_two_rounds_is_replayed_up_to_where_the_live_loop_is_by_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first round replays 0..4 (the replica holds the live rows 5 and 6); the live loop is at 7 then, so the
+    replay is extended, the last time allowed here, up to 7. Before that round reads the replica's positions the live
+    loop writes records 7..9 to it and it restarts, losing every row. Positions below where the first round left them
+    are a fall-back like one a write finds: the replay starts over up to where the live loop is by then (10). Replaying
+    only up to 7 would set the positions to 7 without the rows 7..9, which the live loop does not write again, and no
+    check would find it (the replica would report the position it is believed to have)."""
+    monkeypatch.setattr(catchup, "_BATCH", 3)
+    monkeypatch.setattr(catchup, "_MAX_EXTENSIONS", 1)
+    ps = _Replica(restart_after=-1, restart_on_read=2)
+    ps.rows = {IDS[off]: float(off) for off in range(5, 7)}  # live writes it received during the first round
+    book = PositionBook()
+    ends = [7]  # where the live loop is when the first round ends; then 10
+    await _catch_up(ps, book, live_end=lambda: ends.pop(0) if ends else 10)
+    assert ps.rows == {IDS[off]: float(off) for off in range(10)}, "a row the replica lost was not replayed"
+    assert ps.position == {"item": 10}
+    assert book.expected(REPLICA, "item", KEY) == 10
 
 
 class _Book(PositionBook):
