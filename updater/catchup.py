@@ -63,9 +63,11 @@ async def catch_up(
     retry: RetrySettings,
     stop: asyncio.Event,
     live_end: Callable[[], int] | None = None,
+    fell_back: Callable[[], None] | None = None,
 ) -> None:
     """Bring ``replica`` up to ``end`` on ``tp`` (see the module doc); ``hint`` = the position it reported when it
     was found behind. Returns when done, or when ``stop`` is set (then the replica stays marked for a later try).
+    ``fell_back()`` is called each time the replica is found behind again and the catch-up starts over.
 
     ``live_end()`` is where the live loop has read ``tp`` up to now. A replica that falls back again during the
     catch-up (it restarted once more) lost the live writes it received meanwhile, which are beyond ``end``: the
@@ -91,6 +93,8 @@ async def catch_up(
                 replica, tp, key, end, hint, floor, manifest, writer, decode, consumer_factory, retry, stop
             )
         except _FellBack as exc:
+            if fell_back is not None:
+                fell_back()
             if live_end is not None:  # read after the fall-back was seen: beyond every live write it lost
                 end = max(end, live_end())
             log.warning(
@@ -248,7 +252,11 @@ class CatchUpTasks:
     """The catch-ups running in the background, at most one per (replica, partition key); each a :func:`catch_up`
     task with this updater's ``writer``, ``decode``, group-less ``consumer_factory`` and ``retry`` policy. A task
     that fails is logged and abandoned in its book (the next write to the replica judges it afresh). Not task-safe:
-    one event loop."""
+    one event loop.
+
+    ``embedgate_updater_replica_catchups_total`` counts the replays started because a replica was found behind:
+    each :meth:`start`, and each time a running catch-up finds its replica behind again and starts over (it
+    restarted once more). Extending a replay to where the live loop moved meanwhile is not counted."""
 
     def __init__(
         self,
@@ -299,7 +307,8 @@ class CatchUpTasks:
             had,
             end,
         )
-        self._metrics.catchups.labels(replica.model, str(replica.shard)).inc()
+        counted = self._metrics.catchups.labels(replica.model, str(replica.shard))
+        counted.inc()
         task = asyncio.create_task(
             catch_up(
                 replica=replica,
@@ -314,6 +323,7 @@ class CatchUpTasks:
                 retry=self._retry,
                 stop=self._stop,
                 live_end=live_end,
+                fell_back=counted.inc,
             ),
             name=f"catch-up {replica} {key}",
         )

@@ -17,7 +17,10 @@ metric                                           type       labels / meaning
 ``embedgate_updater_paused_partitions``          gauge      partitions paused while a shard is down
 ``embedgate_updater_messages_total``             counter    kind (delta, hps, beacon, invalid)
 ``embedgate_updater_commits_total``              counter    offset commits after acknowledged writes
-``embedgate_updater_replica_catchups_total``     counter    model, shard: replicas found behind and replayed
+``embedgate_updater_replica_catchups_total``     counter    model, shard: replicas found behind and replayed; one
+                                                            per finding (by the live loop, or by a running replay
+                                                            that starts over: each restart noticed counts once),
+                                                            not per extension of a replay
 ===============================================  =========  =================================================
 
 Rows per second = ``rate(embedgate_updater_rows_applied_total[1m])``.
@@ -82,7 +85,8 @@ class UpdaterMetrics:
         )
         self.catchups = Counter(
             p + "replica_catchups",
-            "PS replicas found behind their acknowledged position (restarted, new version) and replayed alone",
+            "Replays of a PS replica alone started because it was found behind its acknowledged position (restarted,"
+            " new version): by the live loop, or by its running replay starting over",
             ["model", "shard"],
             registry=r,
         )

@@ -2,8 +2,8 @@
 does) and a fake group-less consumer: a replica that restarts again during its replay (found by a write, or by the
 positions a round reads) is replayed up to where the live loop is by then, not only to where it was when the replay
 started (the live rows it had received meanwhile were lost with it); a replay that ends with the live loop further on
-is extended up to it, a bounded number of times; a replica found behind again as its catch-up ends is replayed
-again."""
+is extended up to it, a bounded number of times; a replica found behind again as its catch-up ends is replayed again;
+``embedgate_updater_replica_catchups_total`` counts each finding, not the extensions."""
 
 from __future__ import annotations
 
@@ -99,7 +99,12 @@ class _Replica:
 REPLICA = Replica("127.0.0.1:1", "unit", 0)
 
 
-async def _catch_up(ps: _Replica, book: PositionBook, live_end: Callable[[], int]) -> None:
+async def _catch_up(
+    ps: _Replica,
+    book: PositionBook,
+    live_end: Callable[[], int],
+    fell_back: Callable[[], None] | None = None,
+) -> None:
     """Catch ``ps`` up from offset 5 (where the live loop was when the catch-up started), 3 records a batch."""
     await asyncio.wait_for(
         catchup.catch_up(
@@ -115,6 +120,7 @@ async def _catch_up(ps: _Replica, book: PositionBook, live_end: Callable[[], int
             retry=RetrySettings(min_backoff_ms=1, max_backoff_ms=2),
             stop=asyncio.Event(),
             live_end=live_end,
+            **({} if fell_back is None else {"fell_back": fell_back}),
         ),
         60,
     )
@@ -175,10 +181,14 @@ async def test_a_replica_that_restarts_between_two_rounds_is_replayed_up_to_wher
     ps.rows = {IDS[off]: float(off) for off in range(5, 7)}  # live writes it received during the first round
     book = PositionBook()
     ends = [7]  # where the live loop is when the first round ends; then 10
-    await _catch_up(ps, book, live_end=lambda: ends.pop(0) if ends else 10)
+    fell_back: list[int] = []
+    await _catch_up(
+        ps, book, live_end=lambda: ends.pop(0) if ends else 10, fell_back=lambda: fell_back.append(ps.reads)
+    )
     assert ps.rows == {IDS[off]: float(off) for off in range(10)}, "a row the replica lost was not replayed"
     assert ps.position == {"item": 10}
     assert book.expected(REPLICA, "item", KEY) == 10
+    assert fell_back == [2], "the fall-back found by the second round's read is reported once"
 
 
 class _Book(PositionBook):
@@ -272,3 +282,27 @@ async def test_a_replica_found_behind_again_as_its_catch_up_ends_is_replayed_aga
     assert ps.position == {"item": 10}
     assert not book.catching_up(REPLICA, KEY)
     assert _catchups(metrics) == 2
+
+
+@pytest.mark.parametrize(("restart_after", "counted"), [(-1, 1), (1, 2)])
+async def test_each_fall_back_counts_one_catch_up_and_an_extension_none(
+    monkeypatch: pytest.MonkeyPatch, restart_after: int, counted: int
+) -> None:
+    """``embedgate_updater_replica_catchups_total`` counts the replays started because the replica was found
+    behind: by the loop, and again by its running replay when it falls back once more (``restart_after`` 1: it
+    restarts after the replay's first write). The extension of the replay up to where the live loop moved meanwhile
+    (5 -> 10, in both cases) is not a fall-back and is not counted."""
+    monkeypatch.setattr(catchup, "_BATCH", 3)
+    ps = _Replica(restart_after)
+    ps.rows = {IDS[off]: float(off) for off in range(5, 10)}  # live writes it received during the replay
+    book = _Book()
+    tasks, metrics = _tasks(ps)
+    book.live_from(KEY, 0)
+    try:
+        _found_behind(book, tasks, previous=-1, end=5)
+        await book.handed_back_times(1)
+    finally:
+        await tasks.close()
+    assert book.handed_back == [10]
+    assert ps.rows == {IDS[off]: float(off) for off in range(10)}
+    assert _catchups(metrics) == counted

@@ -66,6 +66,17 @@ def _stream_position(target: str, served: str) -> dict[str, dict[str, int]]:
         return parse_positions(call(req, timeout=10))
 
 
+def _catchups(upd: Any, model: str, shards: int) -> list[float]:
+    """``embedgate_updater_replica_catchups_total`` of the updater ``upd`` for each shard of ``model``."""
+    return [
+        upd.metrics.registry.get_sample_value(
+            "embedgate_updater_replica_catchups_total", {"model": model, "shard": str(sh)}
+        )
+        or 0.0
+        for sh in range(shards)
+    ]
+
+
 def _errors(metrics: str, target: str, code: str) -> float:
     """``embedgate_backend_errors_total`` of ``target`` with ``code``, over every method."""
     total = 0.0
@@ -172,7 +183,7 @@ async def test_a_killed_replica_heals_and_neither_replica_stays_flagged_nor_answ
             topic = s["topics"][0]
             async with (
                 app_client(models=[model], grpc={"position_poll_s": _POLL_S}) as gw,
-                running(s),
+                running(s) as upd,
                 DeltaPublisher(kafka.bootstrap, topic=s["topics"][0]) as pub,
             ):
 
@@ -215,6 +226,7 @@ async def test_a_killed_replica_heals_and_neither_replica_stays_flagged_nor_answ
                 predicting = asyncio.create_task(predict_loop())
                 try:
                     # ---- B is SIGKILLed and comes back with its export: rows and positions gone
+                    catchups_before = _catchups(upd, name, manifest.num_shards)
                     server_b.proc.send_signal(signal.SIGKILL)
                     await asyncio.to_thread(server_b.proc.wait, 20)
                     await asyncio.sleep(5 * _POLL_S)  # the outage: the gateway polls B in vain meanwhile
@@ -224,9 +236,7 @@ async def test_a_killed_replica_heals_and_neither_replica_stays_flagged_nor_answ
 
                     # ---- the updater heals B by itself; then neither replica is flagged. The premise that B was
                     # found behind and replayed: two thirds of the keys are not published again after the kill, and
-                    # B's export does not hold their newest rows, so only a replay brings them back to B. (Which path
-                    # finds B behind, and whether it counts a new catch-up, depends on timing: a catch-up task for B
-                    # still registered from the first replay takes the restarted B over without a new count.)
+                    # B's export does not hold their newest rows, so only a replay brings them back to B.
                     await eventually(
                         lambda: on_every_replica(newest, [a, b]), 180, "every key at its newest on A and B"
                     )
@@ -236,6 +246,13 @@ async def test_a_killed_replica_heals_and_neither_replica_stays_flagged_nor_answ
                         for sh in first
                     }
                     await eventually(lambda: replayed(b, floor), 180, "B's replay done")
+                    # and B's restart is counted on every shard, whichever path found it: the live loop (a write's
+                    # answer, the position check) or B's catch-up from before the kill if it still ran (it starts
+                    # over and counts once more)
+                    after_kill = _catchups(upd, name, manifest.num_shards)
+                    assert all(n > m for n, m in zip(after_kill, catchups_before, strict=True)), (
+                        f"B found behind after the kill is counted on every shard: {catchups_before} -> {after_kill}"
+                    )
                     try:
                         await eventually(none_flagged, 120, "neither replica flagged once B has caught up")
                     except AssertionError as exc:
