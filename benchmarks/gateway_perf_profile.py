@@ -7,12 +7,14 @@ bench-tools``. Python frames show as ``libpython``: pair it with ``benchmarks.em
 stages.
 
     python -m benchmarks.gateway_perf_profile [--batches 64,512,4096] [--seconds 4] [--fronts grpc,rest]
-                                              [--profiler perf|py-spy|threads] [--env EMBEDGATE_NATIVE=off]
+                                              [--profiler perf|py-spy|py-spy-gil|threads] [--env EMBEDGATE_NATIVE=off]
 
 ``--profiler py-spy`` samples the gateway's Python stacks instead (``py-spy record``, from the venv) and prints each
 frame's self and inclusive share of the samples (threads summed), so the Python frames ``perf`` shows as
 ``libpython`` get names. py-spy does not always tell a waiting thread from a running one: frames that wait
-(``select``, ``Condition.wait``, the executor's ``_worker`` queue get) are idle time, not CPU.
+(``select``, ``Condition.wait``, the executor's ``_worker`` queue get) are idle time, not CPU. ``--profiler
+py-spy-gil`` samples only the thread holding the interpreter lock (py-spy ``--gil``): the Python CPU alone, without
+the waits.
 
 ``--profiler threads`` runs no profiler: it prints the CPU each of the gateway's threads spent per request
 (``/proc/<pid>/task``; the event loop is the first ``python``, the native gate and backend client are
@@ -129,12 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[64, 512, 4096])
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--fronts", type=lambda s: s.split(","), default=["grpc", "rest"])
-    p.add_argument("--profiler", choices=["perf", "py-spy", "threads"], default="perf")
+    p.add_argument("--profiler", choices=["perf", "py-spy", "py-spy-gil", "threads"], default="perf")
     p.add_argument("--env", action="append", default=[], help="NAME=VALUE for the gateway (repeatable)")
     args = p.parse_args(argv)
     if args.profiler == "perf" and shutil.which("perf") is None:
         raise SystemExit("perf is missing (Debian: apt-get install linux-perf)")
-    record = {"perf": _perf, "py-spy": _py_spy}.get(args.profiler)
+    recorders: dict[str, Callable[[int, Path, float], subprocess.Popen[bytes]]] = {
+        "perf": _perf,
+        "py-spy": _py_spy,
+        "py-spy-gil": partial(_py_spy, gil=True),
+    }
+    record = recorders.get(args.profiler)
     env = dict(e.split("=", 1) for e in args.env)
     secs = min(args.seconds, 30.0)
     with tempfile.TemporaryDirectory(prefix="perfprofile-") as tmp_s:
