@@ -3,7 +3,11 @@
 The small demo model (2 PS shards, ``unique_rows`` entry) exported split and saved whole, one serve-local serving
 both; a Kafka broker feeding the hot-row caches. Four gateways on that backend: cached and uncached, each with the
 native path (``EMBEDGATE_NATIVE`` unset) and with the Python reference (``EMBEDGATE_NATIVE=off``). Targets, one
-client: ``whole`` (ghz, the whole model over gRPC: the baseline), ``grpc_cache`` / ``grpc_cache_ref`` (ghz, the
+client: ``whole`` (ghz, the whole model over gRPC: the baseline), ``whole_py`` and ``entry_py`` (the bare Python gRPC
+client ``benchmarks.split_client``: the whole model, and the entry alone sent the request the gateway writes for the
+batch, the floor under every gateway target; ghz is not used for these two because its re-encoding of a request is
+dearer for the entry's many inputs than the gateway's own native client, and would overstate the floor),
+``grpc_cache`` / ``grpc_cache_ref`` (ghz, the
 features as tensors through a cached gateway's gRPC front), ``grpc`` / ``grpc_ref`` (uncached), ``rest_cache`` /
 ``rest_cache_ref`` (vegeta, REST ``:predict`` of the instances to a cached gateway). Every round runs every target
 once in a rotated order; ratios are taken per round. Gateway CPU per example: user + system time of the gateway's
@@ -31,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.loadgen import Result, ghz, protoset, vegeta
+from benchmarks.loadgen import Result, ghz, protoset, split_client, vegeta
 from benchmarks.report import markers, write_section
 from benchmarks.serving_bench import (
     _create_topic,
@@ -41,6 +45,7 @@ from benchmarks.serving_bench import (
     _save_whole,
     _wait_cache_serving,
 )
+from benchmarks.split_client import write_requests
 from tests.support.stack import cpu_seconds, metric_sum
 
 HEADING = "## Embedding predict end to end: native hot path vs Python reference (issue 17)"
@@ -57,6 +62,28 @@ def _measured(load: Callable[[], Result], pid: int | None) -> Callable[[], tuple
         return res, (cpu_seconds(pid) - before) / max(1, res.requests)
 
     return run
+
+
+def _entry_request(instances: list[dict[str, Any]], manifest: Any) -> bytes:
+    """The entry request the gateway writes for ``instances`` (its own plan and framing), with every row zero: the
+    ``entry`` target, the entry call alone (what no gateway can go below). The rows' values do not change the
+    entry's work, only their number and shapes do."""
+    import numpy as np
+
+    from gateway.embedding import entry_inputs, plan_lookups
+    from gateway.features import batch_from_instances
+    from schemas.manifest import entry_model_name
+    from schemas.wire import predict_request
+
+    batch = batch_from_instances(instances, manifest)
+    plan = plan_lookups(batch, manifest)
+    dims = {t.name: t.dim for t in manifest.tables}
+    values = [
+        {t: np.zeros((len(ids), dims[t]), np.float32) for t, ids in shard.items()} for shard in plan.shard_ids
+    ]
+    return predict_request(
+        entry_model_name(manifest.model_name), "", entry_inputs(plan, values, batch, manifest)
+    )
 
 
 def _rounds(targets: dict[str, Callable[[], tuple[Result, float]]], rounds: int) -> list[dict[str, Any]]:
@@ -121,9 +148,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     k: np.asarray(v).astype(whole_inputs[k]) for k, v in demo.keras_inputs(instances).items()
                 }
                 whole_req = _official_request("demo_whole", keras_in)
+                whole_file, entry_file = tmp / f"whole_{b}.bin", tmp / f"entry_{b}.bin"
+                write_requests(whole_file, [], whole_req)
+                write_requests(entry_file, [], _entry_request(instances, m))
                 grpc_req = _gateway_grpc_request(instances, m)
                 body = json.dumps({"instances": instances}).encode()
                 secs = args.seconds
+                one: dict[str, Any] = {"clients": 1, "seconds": secs}
 
                 def grpc(
                     gw: str, req: bytes = grpc_req, s: float = secs
@@ -140,6 +171,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "whole": _measured(
                         partial(ghz, backend.target, whole_req, proto_set, clients=1, seconds=secs), None
                     ),
+                    "whole_py": _measured(partial(split_client, backend.target, whole_file, **one), None),
+                    "entry_py": _measured(partial(split_client, backend.target, entry_file, **one), None),
                     "grpc_cache": grpc("cache"),
                     "grpc_cache_ref": grpc("cache_ref"),
                     "grpc": grpc("plain"),
@@ -189,7 +222,7 @@ def table(report: dict[str, Any]) -> str:
     ]
     for b, row in report["batches"].items():
         for name, v in row.items():
-            cpu = "-" if name == "whole" else _med(v["cpu_us_per_example"])
+            cpu = "-" if name in ("whole", "whole_py", "entry_py") else _med(v["cpu_us_per_example"])
             ab = _med(v["ref_over_native"]) + "x" if "ref_over_native" in v else ""
             errors = f" ({v['errors']} errors)" if v["errors"] else ""
             own = ""
