@@ -302,9 +302,13 @@ class ConsumerLoop:
         group.positions = buf.positions()
         model, shard, table = buf.key.model, buf.key.shard, buf.key.table
 
+        # target -> the stream_expected its write carried (its last attempt's)
+        sent: dict[str, dict[str, int]] = {}
+
         def expected(target: str) -> dict[str, int]:
             replica = Replica(target, model, shard)
-            return {k: book.expected(replica, table, k) for k in group.positions}
+            sent[target] = {k: book.expected(replica, table, k) for k in group.positions}
+            return sent[target]
 
         t0 = self._clock()
         try:
@@ -316,7 +320,8 @@ class ConsumerLoop:
         if generation == self._generation:  # else the partitions were revoked: the new owner judges replicas
             for target, previous in answers.items():
                 replica = Replica(target, model, shard)
-                for key, had in book.acknowledged(replica, table, group.positions, previous).items():
+                behind = book.acknowledged(replica, table, group.positions, previous, sent.get(target))
+                for key, had in behind.items():
                     self._start_catch_up(replica, key, had)
         if len(group.upsert_ids):
             self.metrics.rows_applied.labels(model, table, "upsert").inc(len(group.upsert_ids))

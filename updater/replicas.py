@@ -55,10 +55,20 @@ class PositionBook:
         return (replica, key) in self._catching_up
 
     def acknowledged(
-        self, replica: Replica, table: str, sent: dict[str, int], previous: dict[str, int]
+        self,
+        replica: Replica,
+        table: str,
+        sent: dict[str, int],
+        previous: dict[str, int],
+        expected: dict[str, int] | None = None,
     ) -> dict[str, int]:
         """Record a live write's answer; returns ``{key: position the replica reported}`` for every partition where
-        it fell behind the belief (it must be caught up), after marking those as catching up."""
+        it fell behind the belief (it must be caught up), after marking those as catching up.
+
+        ``expected``: the ``stream_expected`` the write sent per key (what :meth:`expected` said then). An answer
+        below the belief is judged only if the belief is still the one the write was sent with: after it moved
+        meanwhile (a catch-up handed the replica back with a new position) the answer tells about a state the
+        belief no longer describes, and the next write or position check judges the replica instead."""
         behind: dict[str, int] = {}
         for key, end in sent.items():
             if (replica, key) in self._catching_up:
@@ -68,6 +78,8 @@ class PositionBook:
                 continue
             had = previous[key]
             if had < want:
+                if expected is not None and expected.get(key, want) != want:
+                    continue  # sent with an older belief: not comparable (see above)
                 behind[key] = had
                 self._catching_up.add((replica, key))
             else:

@@ -56,3 +56,20 @@ def test_a_position_check_reports_replicas_below_a_snapshot_taken_before_the_rea
     assert book.check(R, snapshot[R], {"a": {K: 10}}) == {K: 10}  # restarted: behind the snapshot
     assert book.catching_up(R, K) and book.beliefs() == {}
     assert book.check(R, snapshot[R], {"a": {K: 10}}) == {}  # reported once
+
+
+def test_an_answer_to_a_write_sent_with_an_older_belief_is_not_judged() -> None:
+    book = PositionBook()
+    book.live_from(K, 100)
+    book.acknowledged(R, "a", {K: 120}, {K: 100}, {K: 100})
+    sent_during_catch_up = book.expected(R, "a", K)  # 120: the belief a live write carries meanwhile
+    restarted = book.acknowledged(R, "a", {K: 130}, {K: 40}, {K: sent_during_catch_up})
+    assert restarted == {K: 40}  # it restarted on a snapshot at 40
+    late = book.expected(R, "a", K)  # a live write sent while the replica is caught up: still the old belief
+    book.caught_up(R, K, ["a"], 135)
+    # its answer arrives after the hand-back: the replica had the catch-up's progress, not the old belief; with the
+    # belief it was sent with, the answer is not evidence of a new restart
+    assert book.acknowledged(R, "a", {K: 140}, {K: 90}, {K: late}) == {}
+    assert not book.catching_up(R, K)
+    # a write sent with the current belief that finds less is a restart, as before
+    assert book.acknowledged(R, "a", {K: 150}, {K: 7}, {K: book.expected(R, "a", K)}) == {K: 7}
