@@ -247,8 +247,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if s.malloc_trim_interval_s > 0
         else None
     )
-    fallbacks = rt.metrics.native_fallbacks
-    replaced_sink = native.on_fallback(lambda step: fallbacks.labels(step).inc())
     try:
         if s.grpc_port:
             from gateway.grpc_front import GrpcFront
@@ -271,7 +269,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         )
         yield
     finally:
-        native.on_fallback(replaced_sink)
         for task in (watcher, poller, health, lag, trimmer):
             if task is not None:
                 task.cancel()

@@ -149,6 +149,10 @@ class Metrics:
     def observe_manifest_reload(self, model: str, outcome: str) -> None:
         self.manifest_reloads.labels(model, outcome).inc()
 
+    def native_fallback(self, step: str) -> None:
+        """A request's features left to the Python reference by the native reader of ``step`` (``gateway.native``)."""
+        self.native_fallbacks.labels(step).inc()
+
     def observe_backend(self, target: str, method: str, seconds: float, code: str) -> None:
         self.backend_latency.labels(target, method).observe(seconds)
         if code != "OK":

@@ -72,7 +72,6 @@ __all__ = [
     "classify_response",
     "entry_request",
     "grpc_gate",
-    "on_fallback",
     "path",
     "plain_predict_request",
     "plan_lookups",
@@ -92,23 +91,9 @@ ENV: Final = (
 )
 log = logging.getLogger("embedgate.gateway")
 
-# Where the native feature readers report a request they left to the reference (the app's metrics); see on_fallback.
-_fallback_sink: Callable[[str], None] | None = None
-
-
-def on_fallback(sink: Callable[[str], None] | None) -> Callable[[str], None] | None:
-    """Report every request whose features a native reader left to the Python reference to ``sink(step)``
-    (``step``: ``rest_features`` or ``grpc_features``); the gateway's lifespan sets its metrics' counter
-    (``embedgate_native_fallbacks_total{step}``). One sink per process, the last set; returns the one it replaces."""
-    global _fallback_sink
-    before, _fallback_sink = _fallback_sink, sink
-    return before
-
-
-def _fell_back(step: str) -> None:
-    sink = _fallback_sink
-    if sink is not None:
-        sink(step)
+# Told ``step`` (``rest_features`` / ``grpc_features``) when a native feature reader leaves a request to the Python
+# reference: the caller's app counts it (``Metrics.native_fallback``, ``embedgate_native_fallbacks_total{step}``).
+FallbackSink = Callable[[str], None]
 
 
 @functools.cache
@@ -375,32 +360,35 @@ def request_features(source: CheckedBody | bytes, manifest: Manifest) -> tuple[F
     return _feature_batch(done, manifest)
 
 
-def tensor_features(raw: bytes, manifest: Manifest) -> FeatureBatch | None:
+def tensor_features(
+    raw: bytes, manifest: Manifest, fallback: FallbackSink | None = None
+) -> FeatureBatch | None:
     """The feature batch of a serialized gRPC ``PredictRequest`` for an embedding model, read natively from its
     bytes (``native/src/tensor_features.rs``); None when the native path is off or leaves the request to the
     reference (any error, inputs other than ``tensor_content`` tensors of int32/int64 ids and float32 values, a
-    model with string features). The batch equals ``gateway.grpc_front.features.batch_from_tensors`` of the parsed
-    request's inputs (``map_lookups`` included)."""
+    model with string features; then ``fallback("grpc_features")`` is called). The batch equals
+    ``gateway.grpc_front.features.batch_from_tensors`` of the parsed request's inputs (``map_lookups`` included)."""
     mod = _module()
     if mod is None or path() != "native" or not hasattr(mod, "tensor_features"):
         return None
     layout = _feature_layout(mod, manifest)
     done = None if layout is None else mod.tensor_features(raw, layout)
     if done is None:
-        _fell_back("grpc_features")
+        if fallback is not None:
+            fallback("grpc_features")
         return None
     return _feature_batch(done, manifest)[0]
 
 
 def rest_batch(
-    body: bytes, manifest: Manifest, limits: LimitsSettings
+    body: bytes, manifest: Manifest, limits: LimitsSettings, fallback: FallbackSink | None = None
 ) -> tuple[str, FeatureBatch, Format] | None:
     """An embedding model's REST predict ``body`` in ONE native pass (``native/src/rest_body.rs``): its
     ``signature_name`` ("" when absent), its feature batch for ``manifest`` and its format, parsed from the bytes
     straight into the batch's arrays while the limits are checked (strict JSON, no lone surrogates, ``limits``'
     depth, batch and per-example list sizes: what ``gateway.limits.parse_document`` checks). None when the native
-    path is off or leaves the body to the reference (every error, and what :func:`request_features` declines);
-    the caller then runs ``parse_document`` and the reference, which word every error. The batch equals
+    path is off or leaves the body to the reference (every error, and what :func:`request_features` declines; then
+    ``fallback("rest_features")`` is called); the caller then runs ``parse_document`` and the reference, which word every error. The batch equals
     ``batch_from_instances`` / ``batch_from_columns`` of the parsed body (``map_lookups`` included)."""
     mod = _module()
     if mod is None or path() != "native" or not hasattr(mod, "rest_features"):
@@ -414,7 +402,8 @@ def rest_batch(
         )
     )
     if done is None:
-        _fell_back("rest_features")
+        if fallback is not None:
+            fallback("rest_features")
         return None
     sig, arrays = done
     batch, fmt = _feature_batch(arrays, manifest)

@@ -92,11 +92,16 @@ class TensorInputs:
     typed = True
 
     def __init__(
-        self, tensors: Mapping[str, tfs_pb2.TensorProto], wire: bytes | None = None, raw: bytes | None = None
+        self,
+        tensors: Mapping[str, tfs_pb2.TensorProto],
+        wire: bytes | None = None,
+        raw: bytes | None = None,
+        fallback: native.FallbackSink | None = None,
     ) -> None:
         self._tensors = tensors
         self.wire = wire
         self._raw = wire if raw is None else raw
+        self._fallback = fallback
 
     def tensors(self, dtypes: Mapping[str, int] | None) -> dict[str, tfs_pb2.TensorProto]:
         return dict(self._tensors)
@@ -105,7 +110,7 @@ class TensorInputs:
         from gateway.grpc_front.features import batch_from_tensors
 
         if self._raw is not None:
-            fast = native.tensor_features(self._raw, manifest)
+            fast = native.tensor_features(self._raw, manifest, self._fallback)
             if fast is not None:
                 return fast
         return batch_from_tensors(self._tensors, manifest)
@@ -380,7 +385,7 @@ class _Servicer:
         ModelSpec appended (see :func:`_relayed`); every other answer is built and serialized here."""
         ms = request.model_spec
         wanted = list(request.output_filter)
-        inputs = TensorInputs(request.inputs, None if wanted else raw, raw)
+        inputs = TensorInputs(request.inputs, None if wanted else raw, raw, self.rt.metrics.native_fallback)
         req = PredictRequest(ms.name, _version_spec(ms), ms.signature_name, inputs)
         res = await self._gw.handle(req, deadline)
         if res.wire is not None and not wanted:

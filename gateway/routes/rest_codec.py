@@ -216,13 +216,18 @@ def parse_predict_native(
 
 
 def parse_predict_embedding(
-    name: str, spec: VersionSpec, body: bytes, limits: LimitsSettings, manifest: Manifest
+    name: str,
+    spec: VersionSpec,
+    body: bytes,
+    limits: LimitsSettings,
+    manifest: Manifest,
+    fallback: native.FallbackSink | None = None,
 ) -> tuple[PredictRequest, JsonInputs] | None:
     """:func:`parse_predict` of an embedding model's body in ONE native pass (``gateway.native.rest_batch``: JSON,
     the limits, ``signature_name`` and the features of ``manifest``, the model's latest manifest, at once). None
     when the native path is off or declines the body: then the usual path runs (``parse_document``, the features
-    later), which words every error."""
-    done = native.rest_batch(body, manifest, limits)
+    later), which words every error; ``fallback`` is told when the native pass declines."""
+    done = native.rest_batch(body, manifest, limits, fallback)
     if done is None:
         return None
     sig, batch, fmt = done

@@ -45,6 +45,7 @@ from gateway.limits import (
     release_memory_soon,
     request_scope,
 )
+from gateway.native import FallbackSink
 from gateway.routes.rest_codec import (
     ProcessJsonInputs,
     check_post,
@@ -209,7 +210,9 @@ async def _serve(
         raw = await _read(request, rt, held)
         await call.admit_queued()  # only now: a slow sender holds no slot
         with request_scope(rt.settings.limits, rt.executor, len(raw), rt.procs):
-            body, version, call.degraded = await _post(gw, call.api, name, spec, raw, deadline)
+            body, version, call.degraded = await _post(
+                gw, call.api, name, spec, raw, deadline, rt.metrics.native_fallback
+            )
         if call.degraded is not None:
             headers[DEGRADED_HEADER] = call.degraded
     else:
@@ -289,27 +292,33 @@ async def _predict(
 
 
 async def _post(
-    gw: Gateway, api: str, name: str, spec: VersionSpec, raw: bytes, deadline: float
+    gw: Gateway,
+    api: str,
+    name: str,
+    spec: VersionSpec,
+    raw: bytes,
+    deadline: float,
+    fallback: FallbackSink | None = None,
 ) -> tuple[bytes, int | None, str | None]:
     """predict / classify / regress: the JSON answer, the version that answered, the degraded reason (or None).
 
     An embedding model's predict body is first tried in one native pass (:func:`parse_predict_embedding`: it releases
     the GIL). Below ``limits.plain_offload_bytes`` that pass runs inline and, when it answers, so does the rest of
     the request (:func:`~gateway.limits.plain_scope`); from that size it runs on the parse threads. The parse worker
-    processes and the reference take whatever it declines."""
+    processes and the reference take whatever it declines (``fallback`` is told)."""
     parsed: Any = None
     if api == "predict" and (manifest := _embedding_manifest(gw, name)) is not None:
         limits = current_limits()
         if len(raw) < limits.plain_offload_bytes:
             # below plain_offload_bytes the one native pass (no GIL) and what follows cost less than the thread hops
             # of a large body: tried inline; a body it declines goes the usual way below
-            parsed = parse_predict_embedding(name, spec, raw, limits, manifest)
+            parsed = parse_predict_embedding(name, spec, raw, limits, manifest, fallback)
             if parsed is not None:
                 with plain_scope(len(raw)):
                     del raw
                     return await _predict(gw, parsed, deadline)
         else:
-            parsed = await offload(parse_predict_embedding, name, spec, raw, limits, manifest)
+            parsed = await offload(parse_predict_embedding, name, spec, raw, limits, manifest, fallback)
     if parsed is None:
         parsed = await _parse_large_or_inline(api, name, spec, raw)
     del raw
