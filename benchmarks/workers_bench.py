@@ -8,8 +8,8 @@
    ``embedgate gateway`` with ``EMBEDGATE_WORKERS``; ``uvicorn-2`` = the same app under plain ``uvicorn --workers 2``
    (uvicorn binds the socket: no TCP_NODELAY, the issue's setup). One pass-through model ``entry`` (->
    ``demo_entry``); a warm-up of 500 requests, then ``hey -n <requests> -c <concurrency>`` (keep-alive) POSTing one
-   example of pooled entry inputs in the columnar format, bounded by the request count and a 120 s timeout; then 300
-   requests on one keep-alive connection (``-c 1``), whose p50 shows delayed-ACK stalls (~40 ms) if there are any.
+   example of entry inputs (in the entry's own mode, ``unique_rows`` by default) in the columnar format, bounded by
+   the request count and a 120 s timeout; then 300 requests on one keep-alive connection (``-c 1``), whose p50 shows delayed-ACK stalls (~40 ms) if there are any.
 3. Prints one JSON document: requests/s and latency percentiles per run, and the median per setup; with ``--write
    docs/benchmarks.md`` also the table of its section there (between its markers).
 
@@ -47,6 +47,36 @@ _SETUPS = {
 _REPO = Path(__file__).resolve().parents[1]
 _HEY = _REPO / ".cache" / "go-bin" / "hey"
 _TIMEOUT_S = 120
+
+
+def _entry_inputs(manifest: Any) -> dict[str, Any]:
+    """One example's entry inputs in the entry's own input mode (``unique_rows`` by default: rows per table, indices
+    and splits per feature; ``pooled``: one row per feature), as the gateway would send them, with random rows:
+    the columnar ``inputs`` of the pass-through body."""
+    import numpy as np
+
+    from embedgate.export.demo import make_examples
+    from gateway.embedding import entry_inputs, plan_lookups
+    from gateway.features import batch_from_instances
+
+    rng = np.random.default_rng(0)
+    # one example that reads a row of every table: JSON cannot give an empty rows input its [0, dim] shape
+    for example in make_examples(64, 5_000, seed=0)[0]:
+        batch = batch_from_instances([example], manifest)
+        plan = plan_lookups(batch, manifest)
+        if {t for shard in plan.shard_ids for t, ids in shard.items() if len(ids)} >= {
+            t.name for t in manifest.tables
+        }:
+            break
+    dims = {t.name: t.dim for t in manifest.tables}
+    values = [
+        {t: rng.normal(size=(len(ids), dims[t])).astype(np.float32) for t, ids in shard.items()}
+        for shard in plan.shard_ids
+    ]
+    return {
+        name: np.round(a, 4).tolist() if a.dtype.kind == "f" else a.tolist()
+        for name, a in entry_inputs(plan, values, batch, manifest)
+    }
 
 
 def _hey(url: str, body: Path, requests: int, concurrency: int) -> dict[str, float]:
@@ -155,8 +185,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     requests = min(args.requests, 100_000)
 
-    import numpy as np
-
     from embedgate.export.demo import build_demo
     from schemas.manifest import entry_model_name
     from tests.support.servers import serve_local
@@ -167,11 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         demo = build_demo(root / "demo", small=True)
         man = demo.manifest
-        rng = np.random.default_rng(0)
-        inputs = {f.name: rng.normal(size=(1, man.table(f.table).dim)) for f in man.sparse_features}
-        inputs |= {d.name: rng.uniform(size=(1, d.dim)) for d in man.dense_features}
         body = root / "body.json"
-        body.write_text(json.dumps({"inputs": {k: np.round(v, 4).tolist() for k, v in inputs.items()}}))
+        body.write_text(json.dumps({"inputs": _entry_inputs(man)}))
         with serve_local({entry_model_name(man.model_name): demo.model_dir / "entry"}) as backend:
             cfg = root / "gateway.yaml"
             model = {
