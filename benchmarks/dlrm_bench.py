@@ -187,7 +187,7 @@ def _entry_requests(
     cols: dict[str, Any], tables: dict[str, Any], manifests: dict[str, Any]
 ) -> dict[str, bytes]:
     """The serialized entry request of each export for ``cols``, built by the gateway's own code from the real rows."""
-    from gateway.embedding import entry_inputs, plan_lookups
+    from benchmarks.entry_inputs import entry_inputs_for
     from gateway.features import batch_from_columns
     from schemas.manifest import entry_model_name
     from schemas.wire import predict_request
@@ -195,9 +195,8 @@ def _entry_requests(
     out = {}
     for name, m in manifests.items():
         batch = batch_from_columns({k: v.tolist() for k, v in cols.items()}, m)
-        plan = plan_lookups(batch, m)
-        values = [{t: tables[t][ids] for t, ids in shard.items()} for shard in plan.shard_ids]
-        out[name] = predict_request(entry_model_name(name), "", entry_inputs(plan, values, batch, m))
+        inputs = entry_inputs_for(batch, m, lambda t, ids: tables[t][ids])
+        out[name] = predict_request(entry_model_name(name), "", inputs)
     return out
 
 

@@ -7,9 +7,8 @@ client: ``whole`` (ghz, the whole model over gRPC: the baseline), ``whole_py`` a
 client ``benchmarks.split_client``: the whole model, and the entry alone sent the request the gateway writes for the
 batch, the floor under every gateway target; ghz is not used for these two because its re-encoding of a request is
 dearer for the entry's many inputs than the gateway's own native client, and would overstate the floor),
-``grpc_cache`` / ``grpc_cache_ref`` (ghz, the
-features as tensors through a cached gateway's gRPC front), ``grpc`` / ``grpc_ref`` (uncached), ``rest_cache`` /
-``rest_cache_ref`` (vegeta, REST ``:predict`` of the instances to a cached gateway). Every round runs every target
+``grpc_cache`` / ``grpc_cache_ref`` (ghz, the features as tensors through a cached gateway's gRPC front), ``grpc`` /
+``grpc_ref`` (uncached), ``rest_cache`` / ``rest_cache_ref`` (vegeta, REST ``:predict`` of the instances to a cached gateway). Every round runs every target
 once in a rotated order; ratios are taken per round. Gateway CPU per example: user + system time of the gateway's
 process tree (``/proc/<pid>/stat``, parse workers included) around each run, divided by requests x batch.
 
@@ -66,24 +65,19 @@ def _measured(load: Callable[[], Result], pid: int | None) -> Callable[[], tuple
 
 def _entry_request(instances: list[dict[str, Any]], manifest: Any) -> bytes:
     """The entry request the gateway writes for ``instances`` (its own plan and framing), with every row zero: the
-    ``entry`` target, the entry call alone (what no gateway can go below). The rows' values do not change the
+    ``entry_py`` target, the entry call alone (what no gateway can go below). The rows' values do not change the
     entry's work, only their number and shapes do."""
     import numpy as np
 
-    from gateway.embedding import entry_inputs, plan_lookups
+    from benchmarks.entry_inputs import entry_inputs_for
     from gateway.features import batch_from_instances
     from schemas.manifest import entry_model_name
     from schemas.wire import predict_request
 
-    batch = batch_from_instances(instances, manifest)
-    plan = plan_lookups(batch, manifest)
     dims = {t.name: t.dim for t in manifest.tables}
-    values = [
-        {t: np.zeros((len(ids), dims[t]), np.float32) for t, ids in shard.items()} for shard in plan.shard_ids
-    ]
-    return predict_request(
-        entry_model_name(manifest.model_name), "", entry_inputs(plan, values, batch, manifest)
-    )
+    batch = batch_from_instances(instances, manifest)
+    inputs = entry_inputs_for(batch, manifest, lambda t, ids: np.zeros((len(ids), dims[t]), np.float32))
+    return predict_request(entry_model_name(manifest.model_name), "", inputs)
 
 
 def _rounds(targets: dict[str, Callable[[], tuple[Result, float]]], rounds: int) -> list[dict[str, Any]]:

@@ -9,7 +9,8 @@
    (uvicorn binds the socket: no TCP_NODELAY, the issue's setup). One pass-through model ``entry`` (->
    ``demo_entry``); a warm-up of 500 requests, then ``hey -n <requests> -c <concurrency>`` (keep-alive) POSTing one
    example of entry inputs (in the entry's own mode, ``unique_rows`` by default) in the columnar format, bounded by
-   the request count and a 120 s timeout; then 300 requests on one keep-alive connection (``-c 1``), whose p50 shows delayed-ACK stalls (~40 ms) if there are any.
+   the request count and a 120 s timeout; then 300 requests on one keep-alive connection (``-c 1``), whose p50 shows
+   delayed-ACK stalls (~40 ms) if there are any.
 3. Prints one JSON document: requests/s and latency percentiles per run, and the median per setup; with ``--write
    docs/benchmarks.md`` also the table of its section there (between its markers).
 
@@ -55,28 +56,25 @@ def _entry_inputs(manifest: Any) -> dict[str, Any]:
     the columnar ``inputs`` of the pass-through body."""
     import numpy as np
 
+    from benchmarks.entry_inputs import entry_inputs_for
     from embedgate.export.demo import make_examples
-    from gateway.embedding import entry_inputs, plan_lookups
     from gateway.features import batch_from_instances
+    from schemas.manifest import entry_rows_input
 
     rng = np.random.default_rng(0)
+    dims = {t.name: t.dim for t in manifest.tables}
+    rows_inputs = {entry_rows_input(t.name) for t in manifest.tables}
     # one example that reads a row of every table: JSON cannot give an empty rows input its [0, dim] shape
     for example in make_examples(64, 5_000, seed=0)[0]:
         batch = batch_from_instances([example], manifest)
-        plan = plan_lookups(batch, manifest)
-        if {t for shard in plan.shard_ids for t, ids in shard.items() if len(ids)} >= {
-            t.name for t in manifest.tables
-        }:
+        inputs = entry_inputs_for(
+            batch, manifest, lambda t, ids: rng.normal(size=(len(ids), dims[t])).astype(np.float32)
+        )
+        if all(len(a) for name, a in inputs if name in rows_inputs):
             break
-    dims = {t.name: t.dim for t in manifest.tables}
-    values = [
-        {t: rng.normal(size=(len(ids), dims[t])).astype(np.float32) for t, ids in shard.items()}
-        for shard in plan.shard_ids
-    ]
-    return {
-        name: np.round(a, 4).tolist() if a.dtype.kind == "f" else a.tolist()
-        for name, a in entry_inputs(plan, values, batch, manifest)
-    }
+    else:
+        raise RuntimeError("no example of the first 64 reads a row of every table the entry takes rows of")
+    return {name: np.round(a, 4).tolist() if a.dtype.kind == "f" else a.tolist() for name, a in inputs}
 
 
 def _hey(url: str, body: Path, requests: int, concurrency: int) -> dict[str, float]:

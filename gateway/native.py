@@ -388,8 +388,8 @@ def rest_batch(
     straight into the batch's arrays while the limits are checked (strict JSON, no lone surrogates, ``limits``'
     depth, batch and per-example list sizes: what ``gateway.limits.parse_document`` checks). None when the native
     path is off or leaves the body to the reference (every error, and what :func:`request_features` declines; then
-    ``fallback("rest_features")`` is called); the caller then runs ``parse_document`` and the reference, which word every error. The batch equals
-    ``batch_from_instances`` / ``batch_from_columns`` of the parsed body (``map_lookups`` included)."""
+    ``fallback("rest_features")`` is called); the caller then runs ``parse_document`` and the reference, which word
+    every error. The batch equals ``batch_from_instances`` / ``batch_from_columns`` of the parsed body (``map_lookups`` included)."""
     mod = _module()
     if mod is None or path() != "native" or not hasattr(mod, "rest_features"):
         return None

@@ -120,7 +120,7 @@ async def _catch_up(
             retry=RetrySettings(min_backoff_ms=1, max_backoff_ms=2),
             stop=asyncio.Event(),
             live_end=live_end,
-            **({} if fell_back is None else {"fell_back": fell_back}),
+            fell_back=fell_back,
         ),
         60,
     )
