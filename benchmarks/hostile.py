@@ -402,17 +402,19 @@ class Stack:
 
         return metric_sum(httpx.get(f"{self.ops}/metrics", timeout=_CALL_S).text, name, labels)
 
-    def latency_buckets(self) -> dict[float, float]:
-        """The gateway's cumulative ``embedgate_request_duration_seconds`` buckets of the model's predict calls (both
-        fronts; every outcome counted after the request reached the model's route), by upper bound in seconds."""
+    def latency_buckets(self, metric: str = "embedgate_request_duration_seconds") -> dict[float, float]:
+        """The gateway's cumulative buckets of histogram ``metric`` by upper bound in seconds: of
+        ``embedgate_request_duration_seconds``, the model's predict calls (both fronts; every outcome counted after
+        the request reached the model's route); of any other, every sample (e.g. every backend call)."""
         import httpx
 
         text = httpx.get(f"{self.ops}/metrics", timeout=_CALL_S).text
         out: dict[float, float] = {}
-        pattern = rf'^embedgate_request_duration_seconds_bucket\{{([^}}]*model="{_MODEL}"[^}}]*)\}} (\S+)$'
-        for m in re.finditer(pattern, text, re.M):
+        for m in re.finditer(rf"^{metric}_bucket\{{([^}}]*)\}} (\S+)$", text, re.M):
             have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-            if have.get("api") == "predict":
+            if metric != "embedgate_request_duration_seconds" or (
+                have.get("model") == _MODEL and have.get("api") == "predict"
+            ):
                 le = float(have["le"])
                 out[le] = out.get(le, 0.0) + float(m.group(2))
         return out
@@ -1072,6 +1074,7 @@ def _ghz(
     return codes, lat
 
 
+_BACKEND_HIST: Final = "embedgate_backend_call_duration_seconds"
 _SHED_REASONS: Final = ("queue_full", "queue_timeout", "loop_lag", "grpc_gate")
 _CAPACITY_CLIENTS: Final = (
     16,
@@ -1211,16 +1214,20 @@ async def _overload_front(
     for factor in (1.5, 3.0):
         shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
         cpu0, t0, b0 = st.gateway_cpu_s(), time.monotonic(), st.latency_buckets()
+        k0 = st.latency_buckets(_BACKEND_HIST)
         with probe.span(spans):
             codes, lat = await asyncio.to_thread(run, factor * before, seconds, 256)
         cpu, wall = st.gateway_cpu_s() - cpu0, time.monotonic() - t0
-        inside = _bucket_quantile({k: v - b0.get(k, 0.0) for k, v in st.latency_buckets().items()}, 0.99)
+        routed = {k: v - b0.get(k, 0.0) for k, v in st.latency_buckets().items()}
+        inside = f"{_bucket_quantile(routed, 0.5)} / {_bucket_quantile(routed, 0.99)}"
+        calls = {k: v - k0.get(k, 0.0) for k, v in st.latency_buckets(_BACKEND_HIST).items()}
+        backend = f"{_bucket_quantile(calls, 0.5)} / {_bucket_quantile(calls, 0.99)}"
         shed = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) - v for k, v in shed0.items()}
         gw = (
             f"; gateway: shed {', '.join(f'{n:.0f} {k}' for k, n in shed.items())}, admission limit "
             f"{st.metric('embedgate_admission_limit'):.0f} at the end, CPU {cpu / wall:.2f} of a core "
-            f"({1000 * cpu / max(1, len(codes)):.2f} ms per request sent), p99 inside the gateway (routed "
-            f"predicts, any outcome) <= {inside}; {_load()}; {how}"
+            f"({1000 * cpu / max(1, len(codes)):.2f} ms per request sent), p50 / p99 inside the gateway (routed "
+            f"predicts, any outcome) <= {inside}, backend calls p50 / p99 <= {backend}; {_load()}; {how}"
         )
         runs.append((factor, codes, lat, spans[-1], gw))
         await asyncio.sleep(2)

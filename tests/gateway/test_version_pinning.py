@@ -572,3 +572,99 @@ async def test_pinner_waits_for_another_refresh_no_longer_than_the_deadline() ->
         await pins.current(time.monotonic() + 0.05)
     entry.release.set()
     assert (await first).version == 1
+
+
+class _Gated(_StatusFake):
+    """A backend whose GetModelStatus answers only once ``release`` is set."""
+
+    def __init__(self, versions: dict[str, set[int]]) -> None:
+        import asyncio
+
+        super().__init__(versions)
+        self.release = asyncio.Event()
+        self.asked = 0  # calls made, answered or still waiting
+
+    async def get_model_status(self, req: Any, deadline: float) -> Any:
+        self.asked += 1
+        await self.release.wait()
+        return await super().get_model_status(req, deadline)
+
+
+async def test_an_expired_pin_answers_while_one_refresh_runs_and_waiters_share_it() -> None:
+    import asyncio
+
+    from gateway.core.versions import STALE_S, Pin
+
+    entry = _Gated({"entry": {1}})
+    pins = _pinner(entry, [_StatusFake({"ps_0": {1, 2}})])
+
+    # No pin yet: every request waits, all for one refresh (one call to the entry), and all wake together.
+    waiting = [asyncio.create_task(pins.current(time.monotonic() + 60)) for _ in range(50)]
+    await asyncio.sleep(0.01)
+    assert not any(t.done() for t in waiting)
+    entry.release.set()
+    assert await asyncio.gather(*waiting) == [Pin(1)] * 50
+    assert entry.asked == 1
+
+    # Expired: answered at once with the previous pin while one refresh asks the entry, which now serves v2.
+    entry.release.clear()
+    entry.versions["entry"] = {1, 2}
+    pins._until = time.monotonic() - 0.5
+    assert [await pins.current(time.monotonic() + 60) for _ in range(20)] == [Pin(1)] * 20
+    await asyncio.sleep(0.01)
+    assert entry.asked == 2  # one refresh in flight for the 20 requests
+    entry.release.set()
+    await asyncio.sleep(0.01)
+    assert await pins.current(time.monotonic() + 60) == Pin(2) and entry.asked == 2
+
+    # Expired longer than STALE_S ago: the request waits for the refresh.
+    entry.release.clear()
+    entry.versions["entry"] = {1, 2, 3}
+    pins._until = time.monotonic() - STALE_S - 1
+    late = asyncio.create_task(pins.current(time.monotonic() + 60))
+    await asyncio.sleep(0.01)
+    assert not late.done()
+    entry.release.set()
+    assert await late == Pin(3)
+
+
+async def test_a_failed_refresh_keeps_the_previous_pin_and_fails_only_its_waiters() -> None:
+    import asyncio
+
+    from gateway.core.versions import STALE_S, Pin
+    from gateway.errors import Unavailable
+
+    entry = _StatusFake({"entry": {4}})
+    pins = _pinner(entry, [_StatusFake({"ps_0": {4}})])
+    assert await pins.current(time.monotonic() + 10) == Pin(4)
+    entry.error = Unavailable("entry down")
+    pins._until = time.monotonic() - 0.5
+    assert await pins.current(time.monotonic() + 10) == Pin(
+        4
+    )  # answered; the refresh fails in the background
+    await asyncio.sleep(0.01)
+    assert entry.calls == 2 and pins._refresh is None  # done, its error taken
+    pins._until = time.monotonic() - STALE_S - 1
+    with pytest.raises(Unavailable, match="entry down"):
+        await pins.current(time.monotonic() + 10)
+    entry.error = None
+    assert await pins.current(time.monotonic() + 10) == Pin(4)
+
+
+async def test_after_not_found_never_takes_a_pin_only_the_entry_was_asked_about() -> None:
+    import asyncio
+
+    from gateway.core.versions import Pin
+
+    entry = _StatusFake({"entry": {1}})
+    ps0 = _StatusFake({"ps_0": {1}})
+    pins = _pinner(entry, [ps0])
+    assert await pins.current(time.monotonic() + 10) == Pin(1)
+    entry.versions["entry"] = {1, 2}  # the entry loaded v2, the shard not yet
+    pins._until = time.monotonic() - 0.5
+    assert await pins.current(time.monotonic() + 10) == Pin(1)  # the previous pin; the refresh finds v2
+    await asyncio.sleep(0.01)
+    assert await pins.current(time.monotonic() + 10) == Pin(2)
+    # The shard answered NOT_FOUND for v2: every backend is asked, whatever the fresh pin says.
+    assert await pins.after_not_found(Pin(2), time.monotonic() + 10) == Pin(1, "version_fallback")
+    assert ps0.calls == 1
