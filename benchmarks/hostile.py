@@ -28,9 +28,10 @@ Classes (REST and gRPC where the class applies), each bounded in count and time,
   per client up to 64) from ``.cache/go-bin`` (``make bench-tools``). Goodput is answers OK per second / capacity,
   the capacity being the better of the measurements before and after the two runs (the machine is shared); the
   median latency of the 429 / RESOURCE_EXHAUSTED answers and the p99 of the OK ones, with the load average, the
-  gateway's CPU during the run (share of a core and ms per request sent, from /proc) and the p99 inside the gateway
-  (the bucket bound of its own ``embedgate_request_duration_seconds`` for the model's predicts, any outcome: what the
-  client saw beyond it was spent before the gateway's code ran). With 2+ CPUs the load generators run on CPU 1 and
+  gateway's CPU during the run (share of a core and ms per request sent, from /proc), the p50 / p99 inside the
+  gateway (the bucket bounds of its own ``embedgate_request_duration_seconds`` for the model's predicts, any outcome:
+  what the client saw beyond it was spent before the gateway's code ran) and of its backend calls
+  (``embedgate_backend_call_duration_seconds``, every call: what the gateway spent beyond that was its own). With 2+ CPUs the load generators run on CPU 1 and
   the stack on the others (``--no-pin``: not pinned); ``--front`` runs one front. Environment variables reach the
   gateway (e.g. ``EMBEDGATE_EVENT_LOOP=uvloop`` for an A/B run).
 * ``replica_kill_heal``: replica B SIGKILLed under REST + gRPC predicts, started again, then (once no replica is
