@@ -3,7 +3,7 @@ against the gateway's own protocol (``limits.http_parser: httptools``, :mod:`gat
 429 when the headers are parsed; over gRPC the Python front (``grpc_front: python``, ``grpc.aio``) against the native
 gRPC gate (``grpc_front: gate``, ``native/src/gate.rs``), which refuses without Python.
 
-    .venv/bin/python -m benchmarks.refusal_bench [--fronts REST,gRPC] [--rate 1500] [--seconds 5] [--rounds 3]
+    .venv/bin/python -m benchmarks.refusal_bench [--fronts REST,gRPC] [--rate 1500] [--seconds 5] [--rounds 3] [--floor]
 
 Each round starts one gateway per variant (the order alternates between rounds), pinned to CPU 0, in front of a fake
 TF Serving backend (``tests.gateway.fake_backend``) that holds ``GetModelMetadata``. The gateway admits one request at
@@ -11,7 +11,10 @@ a time (``max_in_flight: 1``, no queue, no adaptive limit); one REST predict is 
 later request is refused at once (``queue_full``). vegeta (REST) or ghz (gRPC Predict), pinned to CPU 1, then sends
 ``--rate`` requests/s for ``--seconds``. Reported per variant: the gateway's CPU per refusal (``/proc/<pid>/stat``
 around the attack, divided by the refusals the gateway counted), the load generator's p50 / p99, and the ratio of the
-two variants' CPU within each round (median and range over the rounds). Bounded: every attack has its duration and a
+two variants' CPU within each round (median and range over the rounds). ``--floor`` adds a third REST variant each
+round, ``asyncio floor``: :mod:`benchmarks.refusal_floor`, a bare ``asyncio.Protocol`` answering every request with
+the same 429 (no parser callbacks, no admission, no metrics), pinned the same way, whose CPU per request is the least
+any Python asyncio server pays for a refusal; its count is vegeta's (every request it answered). Bounded: every attack has its duration and a
 request timeout, the held call is released after each round (at most 30 s), everything talks to 127.0.0.1 only.
 """
 
@@ -21,10 +24,13 @@ import argparse
 import contextlib
 import json
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Final
 
@@ -130,6 +136,46 @@ def _round(
     }
 
 
+def _floor_round(rate: float, seconds: float) -> dict[str, Any]:
+    """The ``asyncio floor`` variant: :mod:`benchmarks.refusal_floor` on CPU 0 under the same vegeta attack."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.refusal_floor", str(port)],
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        os.sched_setaffinity(proc.pid, {0})
+        end = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            if time.monotonic() > end or proc.poll() is not None:
+                raise SystemExit("benchmarks.refusal_floor did not start listening within 30 s")
+            time.sleep(0.05)
+        cpu0 = cpu_seconds(proc.pid)
+        res = vegeta(
+            f"http://127.0.0.1:{port}/v1/models/m:predict",
+            _BODY,
+            clients=_CLIENTS,
+            seconds=seconds,
+            rate=rate,
+        )
+        cpu = cpu_seconds(proc.pid) - cpu0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {
+        "front": "REST",
+        "variant": "asyncio floor",
+        "requests": res.requests,
+        "refused": float(res.requests),
+        "not_ok": res.errors,
+        "cpu_us_per_refusal": 1e6 * cpu / max(1, res.requests),
+        "p50_ms": res.p50_ms,
+        "p99_ms": res.p99_ms,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fronts", default="REST,gRPC", help="comma-separated: REST, gRPC")
@@ -137,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, help="also write every round's figures here")
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="REST: also the asyncio floor each round (benchmarks.refusal_floor)",
+    )
     args = ap.parse_args(argv)
     fronts = [f.strip() for f in args.fronts.split(",") if f.strip()]
     for f in fronts:
@@ -158,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
                     row["round"] = r + 1
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+                if front == "REST" and args.floor:
+                    row = _floor_round(args.rate, args.seconds)
+                    row["round"] = r + 1
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))
     print()
@@ -168,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     print(
-        "| round | front | variant | sent | refused (gateway's count) | CPU µs per refusal | p50 / p99 (ms) |"
+        "| round | front | variant | sent | refused (gateway's count; the floor's: vegeta's) | CPU µs per refusal | "
+        "p50 / p99 (ms) |"
     )
     print("|---|---|---|---|---|---|---|")
     for row in rows:
@@ -191,6 +248,21 @@ def main(argv: list[str] | None = None) -> int:
             f"{front}: CPU per refusal, {new} / {base}: median {statistics.median(ratios):.2f}x "
             f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} rounds"
         )
+        if front == "REST" and args.floor:
+            floors = [
+                next(
+                    row["cpu_us_per_refusal"]
+                    for row in rows
+                    if row["round"] == r and row["front"] == front and row["variant"] == variant
+                )
+                for r in range(1, args.rounds + 1)
+                for variant in ("asyncio floor", new)
+            ]
+            shares = [floors[i] / floors[i + 1] for i in range(0, len(floors), 2)]
+            print(
+                f"{front}: CPU per request, asyncio floor / {new}: median {statistics.median(shares):.2f}x "
+                f"[{min(shares):.2f}-{max(shares):.2f}] over {len(shares)} rounds"
+            )
     return 0
 
 
