@@ -1076,7 +1076,7 @@ def _ghz(
 
 
 _BACKEND_HIST: Final = "embedgate_backend_call_duration_seconds"
-_SHED_REASONS: Final = ("queue_full", "queue_timeout", "loop_lag", "grpc_gate")
+_SHED_REASONS: Final = ("queue_full", "queue_timeout", "loop_lag", "grpc_gate", "rest_gate")
 _CAPACITY_CLIENTS: Final = (
     16,
     64,

@@ -50,6 +50,7 @@ _VARIANTS: Final[dict[str, tuple[tuple[str, dict[str, Any]], ...]]] = {
     "REST": (
         ("h11", {"limits": {"http_parser": "h11"}}),
         ("httptools", {"limits": {"http_parser": "httptools"}}),
+        ("rest gate", {"limits": {"http_parser": "httptools"}, "rest_front": "gate"}),
     ),
     "gRPC": (("python", {"grpc_front": "python"}), ("gate", {"grpc_front": "gate"})),
 }
@@ -235,19 +236,21 @@ def main(argv: list[str] | None = None) -> int:
         )
     print()
     for front in fronts:
-        (base, _), (new, _) = _VARIANTS[front]
-        ratios = []
-        for r in range(1, args.rounds + 1):
-            by = {
-                row["variant"]: row["cpu_us_per_refusal"]
-                for row in rows
-                if row["round"] == r and row["front"] == front
-            }
-            ratios.append(by[new] / by[base])
-        print(
-            f"{front}: CPU per refusal, {new} / {base}: median {statistics.median(ratios):.2f}x "
-            f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} rounds"
-        )
+        (base, _), *others = _VARIANTS[front]
+        for new, _ in others:
+            ratios = []
+            for r in range(1, args.rounds + 1):
+                by = {
+                    row["variant"]: row["cpu_us_per_refusal"]
+                    for row in rows
+                    if row["round"] == r and row["front"] == front
+                }
+                ratios.append(by[new] / by[base])
+            print(
+                f"{front}: CPU per refusal, {new} / {base}: median {statistics.median(ratios):.2f}x "
+                f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} rounds"
+            )
+        new = others[0][0]
         if front == "REST" and args.floor:
             floors = [
                 next(

@@ -220,37 +220,43 @@ class Admission:
         self._metrics = metrics
         self._clock = clock
         self._shown_limit = -1
-        self._observer: Observer | None = None
+        self._observers: list[Observer] = []
         self._show_limit()
 
-    def observe(self, observer: Observer | None) -> None:
-        """Tell ``observer`` this object's state now and after every change (or stop, with None): (why a request
-        arriving now would be refused: 0 admitted, 1 ``queue_full``, 2 ``loop_lag``; in flight; the limit; waiting;
-        the loop's lag in ms; a bound on the requests in flight, waiting or on their way: the limit plus
-        :attr:`queue_room` plus a quarter of the limit, at least :data:`_TRANSIT_MIN`). The native gRPC gate
-        (``gateway.grpc_front.server``) refuses from it without Python. The bound keeps calls the gate relayed from
-        piling up unseen in the Python front's queue, where admission would refuse them only after they waited
-        (without it a refusal took 14 ms at 1.5x capacity, not 0.5); the margin is for the calls it has relayed
-        that admission has not seen yet (without it a closed loop of 16 clients was refused while the limit was
-        measured)."""
-        self._observer = observer
+    def observe(self, observer: Observer) -> None:
+        """Tell ``observer`` this object's state now and after every change, until :meth:`unobserve` (the native
+        gates: gRPC and REST, each one)."""
+        self._observers.append(observer)
         self._publish()
 
+    def unobserve(self, observer: Observer) -> None:
+        """Stop telling ``observer`` (one given to :meth:`observe`)."""
+        with contextlib.suppress(ValueError):
+            self._observers.remove(observer)
+
     def _publish(self) -> None:
-        obs = self._observer
-        if obs is not None:
-            reason = self._reason()
-            p = self.policy
-            obs(
-                _REASON_CODES[reason],
-                p.in_flight,
-                p.limit,
-                len(self._waiters),
-                round(self.loop_lag * 1000),
-                p.limit
-                + (self.queue_room if self._queue_timeout > 0 else 0)
-                + max(_TRANSIT_MIN, p.limit // 4),
-            )
+        """The state to every observer: (why a request arriving now would be refused: 0 admitted, 1 ``queue_full``,
+        2 ``loop_lag``; in flight; the limit; waiting; the loop's lag in ms; a bound on the requests in flight,
+        waiting or on their way: the limit plus :attr:`queue_room` plus a quarter of the limit, at least
+        :data:`_TRANSIT_MIN`). A native gate refuses from it without Python. The bound keeps requests a gate relayed
+        from piling up unseen in the Python server's queue, where admission would refuse them only after they waited
+        (without it a gRPC refusal took 14 ms at 1.5x capacity, not 0.5); the margin is for the requests it has
+        relayed that admission has not seen yet (without it a closed loop of 16 clients was refused while the limit
+        was measured)."""
+        if not self._observers:
+            return
+        reason = self._reason()
+        p = self.policy
+        state = (
+            _REASON_CODES[reason],
+            p.in_flight,
+            p.limit,
+            len(self._waiters),
+            round(self.loop_lag * 1000),
+            p.limit + (self.queue_room if self._queue_timeout > 0 else 0) + max(_TRANSIT_MIN, p.limit // 4),
+        )
+        for obs in self._observers:
+            obs(*state)
 
     @property
     def current(self) -> int:

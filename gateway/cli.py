@@ -147,12 +147,18 @@ def _listen_socket(host: str, port: int) -> socket.socket:
 
 
 def _run_workers(settings: Any) -> int:
+    import logging
+
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
     from gateway.metrics import MULTIPROC_ENV
     from gateway.servers import limit_options
 
+    if settings.rest_front == "gate":  # the workers share the supervisor's socket: uvicorn listens on it
+        logging.getLogger("embedgate.gateway").info(
+            "rest started", extra={"rest_front": "python", "port": settings.port, "why": "workers > 1"}
+        )
     metrics_dir = tempfile.mkdtemp(prefix="embedgate-metrics-")
     os.environ[MULTIPROC_ENV] = metrics_dir  # before the workers import prometheus_client
     os.environ[_SETTINGS_ENV] = settings.model_dump_json()

@@ -57,7 +57,7 @@ from gateway.errors import InvalidArgument
 from schemas.manifest import FeatureKind
 
 if TYPE_CHECKING:
-    from embedgate_native import CheckedBody, FeatureLayout, GrpcClient, GrpcGate, SlotIndex
+    from embedgate_native import CheckedBody, FeatureLayout, GrpcClient, GrpcGate, RestGate, SlotIndex
 
     from gateway.features import FeatureBatch
     from schemas.gateway_settings import LimitsSettings
@@ -81,6 +81,7 @@ __all__ = [
     "regress_response",
     "request_features",
     "rest_batch",
+    "rest_gate",
     "slot_index",
     "spec_too_long",
     "tensor_features",
@@ -137,6 +138,30 @@ def grpc_gate(
         return None
     gate: GrpcGate = mod.GrpcGate(
         host, port, upstream, capacity, max_in_flight, max_lag_text, status, **whole
+    )
+    return gate
+
+
+def rest_gate(
+    host: str,
+    port: int,
+    upstream: str,
+    capacity: int,
+    max_in_flight: int,
+    max_lag_text: str,
+    status: int,
+    retry_after: int,
+    keep_alive_s: float,
+    reuse_port: bool,
+) -> RestGate | None:
+    """The native REST gate (``native/src/rest_gate.rs``) listening on ``host:port`` in front of uvicorn on the Unix
+    socket ``upstream``; None when the native path is off (uvicorn then listens itself). Raises OSError when it
+    cannot listen."""
+    mod = _module()
+    if mod is None or path() != "native":
+        return None
+    gate: RestGate = mod.RestGate(
+        host, port, upstream, capacity, max_in_flight, max_lag_text, status, retry_after, keep_alive_s, reuse_port
     )
     return gate
 

@@ -243,6 +243,13 @@ class GatewaySettings(EnvOverFile):
         "own: refuses overload without Python and relays every other call to the Python front on a private Unix "
         "socket); 'python', the Python front itself (grpc.aio)",
     )
+    rest_front: Literal["gate", "python"] = Field(
+        "gate",
+        description="what listens on port: 'gate', the native REST gate (embedgate_native, a thread of its own: "
+        "answers the overload 429s without Python and relays every other request to uvicorn on a private Unix "
+        "socket), where it can (the native path on, no tls, workers 1; else uvicorn listens); 'python', uvicorn "
+        "with the gateway's HTTP protocol",
+    )
     grpc_direct: bool = Field(
         True,
         description="with grpc_front 'gate': calls to TF Serving's services (uncompressed) are received whole by "

@@ -138,6 +138,7 @@ class GrpcFront:
         self._server: grpc.aio.Server | None = None
         self._health: _Health | None = None
         self._gate: Any = None  # embedgate_native.GrpcGate while the gate listens
+        self._observer: Any = None  # the gate's set_state, while admission tells it its state
         self._gate_dir: str | None = None
         self._gate_sync: asyncio.Task[None] | None = None
         self._dispatcher: threading.Thread | None = None  # while the gate receives calls whole (grpc_direct)
@@ -280,7 +281,8 @@ class GrpcFront:
                 daemon=True,
             )
             self._dispatcher.start()
-        limiter.observe(gate.set_state)
+        self._observer = gate.set_state
+        limiter.observe(self._observer)
         self._rt.metrics.collect_hooks.append(self._count_gate_refusals)
         self._gate_sync = asyncio.create_task(self._sync_gate(), name="grpc-gate-metrics")
         port: int = gate.port
@@ -363,7 +365,9 @@ class GrpcFront:
         if self._health is not None and self._loop is not None:
             await self._on_grpc_loop(self._health.enter_graceful_shutdown())
         if self._gate is not None:
-            self._rt.limiter.observe(None)
+            if self._observer is not None:
+                self._rt.limiter.unobserve(self._observer)
+                self._observer = None
             if self._gate_sync is not None:
                 self._gate_sync.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

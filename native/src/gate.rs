@@ -43,9 +43,9 @@ const GUARDED: [&str; 2] = [
 ];
 
 /// Why admission refuses now (published by the gateway).
-const OPEN: u8 = 0;
-const QUEUE_FULL: u8 = 1;
-const LOOP_LAG: u8 = 2;
+pub(crate) const OPEN: u8 = 0;
+pub(crate) const QUEUE_FULL: u8 = 1;
+pub(crate) const LOOP_LAG: u8 = 2;
 
 const WINDOW: u32 = 1 << 20; // per stream, both connections (clients' streams: `stream_window`, at least this)
 const CONN_WINDOW: u32 = 1 << 24; // per connection (clients' connections: at least 16 x their stream window)
@@ -72,31 +72,16 @@ struct Shared {
 impl Shared {
     /// The refusal's reason index and text, or None to relay (takes a relay slot when it answers None).
     fn admit(&self) -> Option<(usize, String)> {
-        match self.reason.load(Ordering::Acquire) {
-            QUEUE_FULL => {
-                return Some((
-                    0,
-                    format!(
-                        "Too many requests in flight: {} at the concurrency limit of {} (max_in_flight={}), {} \
-                         waiting (admission.max_queue); retry later",
-                        self.in_flight.load(Ordering::Relaxed),
-                        self.limit.load(Ordering::Relaxed),
-                        self.max_in_flight,
-                        self.waiting.load(Ordering::Relaxed)
-                    ),
-                ))
-            }
-            LOOP_LAG => {
-                return Some((
-                    1,
-                    format!(
-                        "Overloaded: the gateway is running {} ms behind (admission.max_loop_lag_s={}); retry later",
-                        self.lag_ms.load(Ordering::Relaxed),
-                        self.max_lag_text
-                    ),
-                ))
-            }
-            _ => {}
+        if let Some(refusal) = admission_refusal(
+            self.reason.load(Ordering::Acquire),
+            self.in_flight.load(Ordering::Relaxed),
+            self.limit.load(Ordering::Relaxed),
+            self.max_in_flight,
+            self.waiting.load(Ordering::Relaxed),
+            self.lag_ms.load(Ordering::Relaxed),
+            &self.max_lag_text,
+        ) {
+            return Some(refusal);
         }
         let cap = self.capacity.load(Ordering::Acquire);
         let before = self.relayed.fetch_add(1, Ordering::AcqRel);
@@ -112,6 +97,36 @@ impl Shared {
                 self.max_in_flight
             ),
         ))
+    }
+}
+
+/// The refusal's reason index (0 queue full, 1 loop lagging) and text, as the gateway's admission words it
+/// (`gateway.admission.Admission._shed`), for the state it published; None while it admits.
+pub(crate) fn admission_refusal(
+    reason: u8,
+    in_flight: i64,
+    limit: i64,
+    max_in_flight: i64,
+    waiting: i64,
+    lag_ms: i64,
+    max_lag_text: &str,
+) -> Option<(usize, String)> {
+    match reason {
+        QUEUE_FULL => Some((
+            0,
+            format!(
+                "Too many requests in flight: {in_flight} at the concurrency limit of {limit} \
+                 (max_in_flight={max_in_flight}), {waiting} waiting (admission.max_queue); retry later"
+            ),
+        )),
+        LOOP_LAG => Some((
+            1,
+            format!(
+                "Overloaded: the gateway is running {lag_ms} ms behind (admission.max_loop_lag_s={max_lag_text}); \
+                 retry later"
+            ),
+        )),
+        _ => None,
     }
 }
 
@@ -466,6 +481,26 @@ async fn serve(
     }
 }
 
+/// Listeners on every address `host` resolves to (brackets around an IPv6 address allowed), one port for all of
+/// them (`port` 0: the first one's free port).
+pub(crate) async fn bind_host(
+    host: &str,
+    port: u16,
+    reuse_port: bool,
+) -> std::io::Result<Vec<TcpListener>> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port)).await?.collect();
+    if addrs.is_empty() {
+        return Err(std::io::Error::other("no address"));
+    }
+    let mut seen = HashMap::new();
+    let addrs: Vec<SocketAddr> = addrs
+        .into_iter()
+        .filter(|a| seen.insert(*a, ()).is_none())
+        .collect();
+    bind(&addrs, 4096, reuse_port)
+}
+
 fn bind(addrs: &[SocketAddr], backlog: u32, reuse_port: bool) -> std::io::Result<Vec<TcpListener>> {
     let mut out = Vec::new();
     let mut port = addrs.first().map(|a| a.port()).unwrap_or(0);
@@ -552,20 +587,7 @@ impl GrpcGate {
             .trim_end_matches(']')
             .to_string();
         let listeners = runtime
-            .block_on(async {
-                let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
-                    .await?
-                    .collect();
-                if addrs.is_empty() {
-                    return Err(std::io::Error::other("no address"));
-                }
-                let mut seen = HashMap::new();
-                let addrs: Vec<SocketAddr> = addrs
-                    .into_iter()
-                    .filter(|a| seen.insert(*a, ()).is_none())
-                    .collect();
-                bind(&addrs, 4096, reuse_port)
-            })
+            .block_on(bind_host(&host, port, reuse_port))
             .map_err(|e| {
                 PyOSError::new_err(format!("cannot listen for gRPC on {host}:{port}: {e}"))
             })?;

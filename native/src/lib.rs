@@ -22,6 +22,7 @@ mod pool;
 mod predict_req;
 mod response;
 mod rest_body;
+mod rest_gate;
 mod scan;
 mod shape_check;
 mod spec_sizes;
@@ -434,6 +435,7 @@ fn embedgate_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_predict, m)?)?;
     m.add_class::<CheckedBody>()?;
     m.add_class::<gate::GrpcGate>()?;
+    m.add_class::<rest_gate::RestGate>()?;
     m.add_class::<direct::DirectCall>()?;
     m.add_class::<client::GrpcClient>()?;
     response::register(m)?;

@@ -482,8 +482,14 @@ async def test_an_observer_sees_every_change_of_what_a_request_would_get() -> No
     """:meth:`Admission.observe` (what the native gRPC gate refuses from): the reason a request arriving now would be
     refused (0 admitted, 1 queue_full), the numbers of its text, and the limit plus the queue room."""
     seen: list[tuple[int, int, int, int, int, int]] = []
+    also: list[tuple[int, int, int, int, int, int]] = []  # a second observer (the other native gate)
     adm = Admission(2, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=30, max_queue=5))
-    adm.observe(lambda *state: seen.append(state))
+
+    def observer(*state: int) -> None:
+        seen.append(state)  # type: ignore[arg-type]
+
+    adm.observe(observer)
+    adm.observe(lambda *state: also.append(state))
     assert seen[-1] == (
         0,
         0,
@@ -505,10 +511,12 @@ async def test_an_observer_sees_every_change_of_what_a_request_would_get() -> No
     with pytest.raises(asyncio.CancelledError):
         await waiters[1]
     assert seen[-1] == (0, 2, 2, 0, 0, 12)
-    adm.observe(None)
+    assert also == seen[1:]  # told everything since it came
+    adm.unobserve(observer)
     n = len(seen)
     adm.release(None)
     assert len(seen) == n  # no longer told
+    assert also[-1] == (0, 1, 2, 0, 0, 12)  # the other still is
     no_queue = Admission(1, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=0))
     no_queue.observe(lambda *state: seen.append(state))
     assert seen[-1] == (0, 0, 1, 0, 0, 9)  # without a queue: the limit and the margin
