@@ -161,7 +161,16 @@ def rest_gate(
     if mod is None or path() != "native":
         return None
     gate: RestGate = mod.RestGate(
-        host, port, upstream, capacity, max_in_flight, max_lag_text, status, retry_after, keep_alive_s, reuse_port
+        host,
+        port,
+        upstream,
+        capacity,
+        max_in_flight,
+        max_lag_text,
+        status,
+        retry_after,
+        keep_alive_s,
+        reuse_port,
     )
     return gate
 

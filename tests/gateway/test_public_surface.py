@@ -70,7 +70,14 @@ SURFACE = {
         "release_memory_soon",
         "request_scope",
     ],
-    "gateway.servers": ["RestFront", "limit_options", "loop_factory", "rest_gate_unavailable", "run", "serve"],
+    "gateway.servers": [
+        "RestFront",
+        "limit_options",
+        "loop_factory",
+        "rest_gate_unavailable",
+        "run",
+        "serve",
+    ],
     "tests.support.gateway": ["GatewayProc", "run_gateway", "serve_exported"],
 }
 
