@@ -53,17 +53,10 @@ pub(crate) const MAX_FRAME: u32 = 1 << 20; // what the gate accepts in one DATA 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Shared {
-    reason: AtomicU8,
-    in_flight: AtomicI64, // the gateway's admission: admitted and not released
-    limit: AtomicI64,     // its concurrency limit
-    waiting: AtomicI64,   // its queue
-    lag_ms: AtomicI64,    // how late its loop runs
-    capacity: AtomicI64,  // relayed guarded calls allowed at once
-    relayed: AtomicI64,   // relayed guarded calls not yet answered
+    adm: AdmissionState,     // what the gateway's admission published
+    relayed: AtomicI64,      // relayed guarded calls not yet answered
     refused: [AtomicU64; 3], // queue_full, loop_lag, gate_full
-    max_in_flight: i64,
-    max_lag_text: String, // admission.max_loop_lag_s as the gateway words it
-    status: u16,          // gRPC code of a refusal: 8 RESOURCE_EXHAUSTED or 14 UNAVAILABLE
+    status: u16,             // gRPC code of a refusal: 8 RESOURCE_EXHAUSTED or 14 UNAVAILABLE
     closing: AtomicBool,
     direct: Option<Direct>, // whole-message methods answered by Python worker threads (src/direct.rs)
     window: u32,            // HTTP/2 flow-control window of a client's stream
@@ -72,18 +65,10 @@ struct Shared {
 impl Shared {
     /// The refusal's reason index and text, or None to relay (takes a relay slot when it answers None).
     fn admit(&self) -> Option<(usize, String)> {
-        if let Some(refusal) = admission_refusal(
-            self.reason.load(Ordering::Acquire),
-            self.in_flight.load(Ordering::Relaxed),
-            self.limit.load(Ordering::Relaxed),
-            self.max_in_flight,
-            self.waiting.load(Ordering::Relaxed),
-            self.lag_ms.load(Ordering::Relaxed),
-            &self.max_lag_text,
-        ) {
+        if let Some(refusal) = self.adm.refusal() {
             return Some(refusal);
         }
-        let cap = self.capacity.load(Ordering::Acquire);
+        let cap = self.adm.capacity.load(Ordering::Acquire);
         let before = self.relayed.fetch_add(1, Ordering::AcqRel);
         if before < cap {
             return None;
@@ -94,39 +79,82 @@ impl Shared {
             format!(
                 "Too many calls in flight at the gRPC front: {before} at its limit of {cap} (the concurrency limit \
                  plus the admission queue and a margin, max_in_flight={}); retry later",
-                self.max_in_flight
+                self.adm.max_in_flight
             ),
         ))
     }
 }
 
-/// The refusal's reason index (0 queue full, 1 loop lagging) and text, as the gateway's admission words it
-/// (`gateway.admission.Admission._shed`), for the state it published; None while it admits.
-pub(crate) fn admission_refusal(
-    reason: u8,
-    in_flight: i64,
-    limit: i64,
-    max_in_flight: i64,
-    waiting: i64,
-    lag_ms: i64,
-    max_lag_text: &str,
-) -> Option<(usize, String)> {
-    match reason {
-        QUEUE_FULL => Some((
-            0,
-            format!(
-                "Too many requests in flight: {in_flight} at the concurrency limit of {limit} \
-                 (max_in_flight={max_in_flight}), {waiting} waiting (admission.max_queue); retry later"
-            ),
-        )),
-        LOOP_LAG => Some((
-            1,
-            format!(
-                "Overloaded: the gateway is running {lag_ms} ms behind (admission.max_loop_lag_s={max_lag_text}); \
-                 retry later"
-            ),
-        )),
-        _ => None,
+/// The gateway's admission as it publishes it to a native gate (`gateway.admission.Admission.observe`): why a
+/// request arriving now would be refused, the numbers of the refusal's text, and the relay bound.
+pub(crate) struct AdmissionState {
+    reason: AtomicU8,
+    in_flight: AtomicI64,           // admitted and not released
+    limit: AtomicI64,               // the concurrency limit
+    waiting: AtomicI64,             // the queue
+    lag_ms: AtomicI64,              // how late its loop runs
+    pub(crate) capacity: AtomicI64, // requests a gate may relay at once
+    pub(crate) max_in_flight: i64,
+    max_lag_text: String, // admission.max_loop_lag_s as the gateway words it
+}
+
+impl AdmissionState {
+    pub(crate) fn new(capacity: i64, max_in_flight: i64, max_lag_text: &str) -> AdmissionState {
+        AdmissionState {
+            reason: AtomicU8::new(OPEN),
+            in_flight: AtomicI64::new(0),
+            limit: AtomicI64::new(max_in_flight),
+            waiting: AtomicI64::new(0),
+            lag_ms: AtomicI64::new(0),
+            capacity: AtomicI64::new(capacity),
+            max_in_flight,
+            max_lag_text: max_lag_text.to_string(),
+        }
+    }
+
+    /// What the gateway published (its `set_state` call, the same for both gates).
+    pub(crate) fn set(
+        &self,
+        reason: u8,
+        in_flight: i64,
+        limit: i64,
+        waiting: i64,
+        lag_ms: i64,
+        capacity: i64,
+    ) {
+        self.in_flight.store(in_flight, Ordering::Relaxed);
+        self.limit.store(limit, Ordering::Relaxed);
+        self.waiting.store(waiting, Ordering::Relaxed);
+        self.lag_ms.store(lag_ms, Ordering::Relaxed);
+        self.capacity.store(capacity, Ordering::Release);
+        self.reason.store(reason.min(LOOP_LAG), Ordering::Release);
+    }
+
+    /// The refusal's reason index (0 queue full, 1 loop lagging) and text, as the gateway's admission words it
+    /// (`gateway.admission.Admission._shed`); None while it admits.
+    pub(crate) fn refusal(&self) -> Option<(usize, String)> {
+        let max_in_flight = self.max_in_flight;
+        match self.reason.load(Ordering::Acquire) {
+            QUEUE_FULL => Some((
+                0,
+                format!(
+                    "Too many requests in flight: {} at the concurrency limit of {} (max_in_flight={max_in_flight}), \
+                     {} waiting (admission.max_queue); retry later",
+                    self.in_flight.load(Ordering::Relaxed),
+                    self.limit.load(Ordering::Relaxed),
+                    self.waiting.load(Ordering::Relaxed)
+                ),
+            )),
+            LOOP_LAG => Some((
+                1,
+                format!(
+                    "Overloaded: the gateway is running {} ms behind (admission.max_loop_lag_s={}); retry later",
+                    self.lag_ms.load(Ordering::Relaxed),
+                    self.max_lag_text
+                ),
+            )),
+            _ => None,
+        }
     }
 }
 
@@ -593,16 +621,9 @@ impl GrpcGate {
             })?;
         let bound = listeners[0].local_addr().map(|a| a.port()).unwrap_or(0);
         let shared = Arc::new(Shared {
-            reason: AtomicU8::new(OPEN),
-            in_flight: AtomicI64::new(0),
-            limit: AtomicI64::new(max_in_flight),
-            waiting: AtomicI64::new(0),
-            lag_ms: AtomicI64::new(0),
-            capacity: AtomicI64::new(capacity),
+            adm: AdmissionState::new(capacity, max_in_flight, max_lag_text),
             relayed: AtomicI64::new(0),
             refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
-            max_in_flight,
-            max_lag_text: max_lag_text.to_string(),
             status,
             closing: AtomicBool::new(false),
             direct: (!direct.is_empty()).then(|| {
@@ -660,13 +681,9 @@ impl GrpcGate {
         lag_ms: i64,
         capacity: i64,
     ) {
-        let s = &self.shared;
-        s.in_flight.store(in_flight, Ordering::Relaxed);
-        s.limit.store(limit, Ordering::Relaxed);
-        s.waiting.store(waiting, Ordering::Relaxed);
-        s.lag_ms.store(lag_ms, Ordering::Relaxed);
-        s.capacity.store(capacity, Ordering::Release);
-        s.reason.store(reason.min(LOOP_LAG), Ordering::Release);
+        self.shared
+            .adm
+            .set(reason, in_flight, limit, waiting, lag_ms, capacity);
     }
 
     /// The next whole-message call for a worker thread, waiting up to `timeout_s` without the interpreter lock;
@@ -748,17 +765,12 @@ mod tests {
     use super::*;
 
     fn shared(capacity: i64) -> Shared {
+        let adm = AdmissionState::new(capacity, 8, "0.25");
+        adm.limit.store(2, Ordering::Relaxed);
         Shared {
-            reason: AtomicU8::new(OPEN),
-            in_flight: AtomicI64::new(0),
-            limit: AtomicI64::new(2),
-            waiting: AtomicI64::new(0),
-            lag_ms: AtomicI64::new(0),
-            capacity: AtomicI64::new(capacity),
+            adm,
             relayed: AtomicI64::new(0),
             refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
-            max_in_flight: 8,
-            max_lag_text: "0.25".into(),
             status: 8,
             closing: AtomicBool::new(false),
             direct: None,
@@ -786,9 +798,9 @@ mod tests {
     #[test]
     fn admission_state_words_the_refusal_as_the_gateway_does() {
         let s = shared(100);
-        s.in_flight.store(2, Ordering::Relaxed);
-        s.waiting.store(3, Ordering::Relaxed);
-        s.reason.store(QUEUE_FULL, Ordering::Release);
+        s.adm.in_flight.store(2, Ordering::Relaxed);
+        s.adm.waiting.store(3, Ordering::Relaxed);
+        s.adm.reason.store(QUEUE_FULL, Ordering::Release);
         let (reason, text) = s.admit().expect("refused");
         assert_eq!(reason, 0);
         assert_eq!(
@@ -796,8 +808,8 @@ mod tests {
             "Too many requests in flight: 2 at the concurrency limit of 2 (max_in_flight=8), 3 waiting \
              (admission.max_queue); retry later"
         );
-        s.lag_ms.store(380, Ordering::Relaxed);
-        s.reason.store(LOOP_LAG, Ordering::Release);
+        s.adm.lag_ms.store(380, Ordering::Relaxed);
+        s.adm.reason.store(LOOP_LAG, Ordering::Release);
         let (reason, text) = s.admit().expect("refused");
         assert_eq!(reason, 1);
         assert_eq!(

@@ -21,7 +21,7 @@
 //! Python server closes that one (its own keep-alive).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -34,7 +34,7 @@ use tokio::net::unix::{OwnedReadHalf as UpRead, OwnedWriteHalf as UpWrite};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::watch;
 
-use crate::gate::{admission_refusal, bind_host, LOOP_LAG, OPEN};
+use crate::gate::{bind_host, AdmissionState};
 
 const READ: usize = 64 * 1024; // bytes read at once from either side
 const MAX_HEADERS: usize = 64; // a request or answer with more headers goes through the tunnel
@@ -42,16 +42,9 @@ const MAX_ANSWER_HEAD: usize = 64 * 1024; // an answer head longer than this: tu
 const MAX_PIPELINED: usize = 1 << 20; // bytes read ahead from a client while its answer is awaited
 
 struct State {
-    reason: AtomicU8,
-    in_flight: AtomicI64,
-    limit: AtomicI64,
-    waiting: AtomicI64,
-    lag_ms: AtomicI64,
-    capacity: AtomicI64,     // relayed requests allowed at once
-    relayed: AtomicI64,      // relayed and not yet answered
-    refused: [AtomicU64; 3], // queue_full, loop_lag, rest_gate
-    max_in_flight: i64,
-    max_lag_text: String,
+    adm: AdmissionState,       // what the gateway's admission published
+    relayed: AtomicI64,        // relayed, body up, answer not yet relayed back
+    refused: [AtomicU64; 3],   // queue_full, loop_lag, rest_gate
     status_line: &'static str, // "429 Too Many Requests" or "503 Service Unavailable"
     retry_after: u32,
     upstream: PathBuf,
@@ -62,18 +55,10 @@ impl State {
     /// The refusal (reason index and text) of a request arriving now, or None to relay it. The relay bound counts
     /// requests whose body is up and whose answer is awaited (`relay` takes the slot).
     fn admit(&self) -> Option<(usize, String)> {
-        if let Some(refusal) = admission_refusal(
-            self.reason.load(Ordering::Acquire),
-            self.in_flight.load(Ordering::Relaxed),
-            self.limit.load(Ordering::Relaxed),
-            self.max_in_flight,
-            self.waiting.load(Ordering::Relaxed),
-            self.lag_ms.load(Ordering::Relaxed),
-            &self.max_lag_text,
-        ) {
+        if let Some(refusal) = self.adm.refusal() {
             return Some(refusal);
         }
-        let cap = self.capacity.load(Ordering::Acquire);
+        let cap = self.adm.capacity.load(Ordering::Acquire);
         let before = self.relayed.load(Ordering::Acquire);
         if before < cap {
             return None;
@@ -83,7 +68,7 @@ impl State {
             format!(
                 "Too many requests in flight at the REST front: {before} at its limit of {cap} (the concurrency \
                  limit plus the admission queue and a margin, max_in_flight={}); retry later",
-                self.max_in_flight
+                self.adm.max_in_flight
             ),
         ))
     }
@@ -613,16 +598,9 @@ impl RestGate {
             })?;
         let bound = listeners[0].local_addr().map(|a| a.port()).unwrap_or(0);
         let st = Arc::new(State {
-            reason: AtomicU8::new(OPEN),
-            in_flight: AtomicI64::new(0),
-            limit: AtomicI64::new(max_in_flight),
-            waiting: AtomicI64::new(0),
-            lag_ms: AtomicI64::new(0),
-            capacity: AtomicI64::new(capacity),
+            adm: AdmissionState::new(capacity, max_in_flight, max_lag_text),
             relayed: AtomicI64::new(0),
             refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
-            max_in_flight,
-            max_lag_text: max_lag_text.to_string(),
             status_line,
             retry_after,
             upstream: PathBuf::from(upstream),
@@ -662,13 +640,9 @@ impl RestGate {
         lag_ms: i64,
         capacity: i64,
     ) {
-        let s = &self.st;
-        s.in_flight.store(in_flight, Ordering::Relaxed);
-        s.limit.store(limit, Ordering::Relaxed);
-        s.waiting.store(waiting, Ordering::Relaxed);
-        s.lag_ms.store(lag_ms, Ordering::Relaxed);
-        s.capacity.store(capacity, Ordering::Release);
-        s.reason.store(reason.min(LOOP_LAG), Ordering::Release);
+        self.st
+            .adm
+            .set(reason, in_flight, limit, waiting, lag_ms, capacity);
     }
 
     /// Refusals since the last call, by reason: (queue_full, loop_lag, rest_gate).
@@ -794,21 +768,15 @@ mod tests {
     #[test]
     fn refusals_are_the_gateway_protocol_bytes_and_relays_are_bounded() {
         let st = State {
-            reason: AtomicU8::new(crate::gate::QUEUE_FULL),
-            in_flight: AtomicI64::new(2),
-            limit: AtomicI64::new(2),
-            waiting: AtomicI64::new(0),
-            lag_ms: AtomicI64::new(0),
-            capacity: AtomicI64::new(1),
+            adm: AdmissionState::new(1, 8, "0.25"),
             relayed: AtomicI64::new(0),
             refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
-            max_in_flight: 8,
-            max_lag_text: "0.25".into(),
             status_line: "429 Too Many Requests",
             retry_after: 1,
             upstream: PathBuf::new(),
             keep_alive: Duration::from_secs(1),
         };
+        st.adm.set(crate::gate::QUEUE_FULL, 2, 2, 0, 0, 1);
         let (why, text) = st.admit().expect("queue full");
         assert_eq!(why, 0);
         let answer = String::from_utf8(st.refusal(&text, true)).unwrap();
@@ -832,7 +800,7 @@ mod tests {
         assert!(String::from_utf8(st.refusal("x", false))
             .unwrap()
             .contains("\r\nconnection: close\r\n\r\n"));
-        st.reason.store(OPEN, Ordering::Release);
+        st.adm.set(crate::gate::OPEN, 0, 2, 0, 0, 1);
         assert!(st.admit().is_none()); // room for one relayed request
         st.relayed.fetch_add(1, Ordering::AcqRel); // its body is up: it holds the slot
         let (why, text) = st.admit().expect("relay bound");
