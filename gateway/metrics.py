@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -152,6 +152,15 @@ class Metrics:
     def native_fallback(self, step: str) -> None:
         """A request's features left to the Python reference by the native reader of ``step`` (``gateway.native``)."""
         self.native_fallbacks.labels(step).inc()
+
+    def count_gate_refusals(self, counts: Iterable[tuple[str, int]], code: str) -> None:
+        """Refusals a native gate answered (``(admission shed reason, how many)``), counted as the gateway's own
+        refusals are: shed by reason, rejected, and requests of model ``_other``, api ``other``, outcome ``code``."""
+        for reason, n in counts:
+            if n:
+                self.admission_shed.labels(reason).inc(n)
+                self.rejected.inc(n)
+                self.requests.labels("_other", "", "other", code).inc(n)
 
     def observe_backend(self, target: str, method: str, seconds: float, code: str) -> None:
         self.backend_latency.labels(target, method).observe(seconds)

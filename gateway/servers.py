@@ -98,13 +98,9 @@ class RestFront:
         """Add the gate's refusals since the last call to the app's metrics (as :class:`Shedder` counts its own)."""
         if self._gate is None:
             return
-        m = self._app.state.runtime.metrics
         code = "RESOURCE_EXHAUSTED" if self._settings.overload_status == 429 else "UNAVAILABLE"
-        for reason, n in zip(_GATE_REASONS, self._gate.take_refused(), strict=True):
-            if n:
-                m.admission_shed.labels(reason).inc(n)
-                m.rejected.inc(n)
-                m.requests.labels("_other", "", "other", code).inc(n)
+        counts = zip(_GATE_REASONS, self._gate.take_refused(), strict=True)
+        self._app.state.runtime.metrics.count_gate_refusals(counts, code)
 
     def stop_listening(self) -> None:
         """No new connection from now on (at a signal, before uvicorn stops: exchanges in progress finish)."""

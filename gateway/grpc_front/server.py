@@ -338,11 +338,7 @@ class GrpcFront:
         m = self._rt.metrics
         code = "RESOURCE_EXHAUSTED" if self._rt.settings.overload_status == 429 else "UNAVAILABLE"
         *shed, over_budget = gate.take_refused()
-        for reason, n in zip(_GATE_REASONS, shed, strict=True):
-            if n:
-                m.admission_shed.labels(reason).inc(n)
-                m.rejected.inc(n)
-                m.requests.labels("_other", "", "other", code).inc(n)
+        m.count_gate_refusals(zip(_GATE_REASONS, shed, strict=True), code)
         if over_budget:  # limits.max_buffered_bytes: RESOURCE_EXHAUSTED whatever overload_status says
             m.rejected.inc(over_budget)
             m.requests.labels("_other", "", "other", "RESOURCE_EXHAUSTED").inc(over_budget)
