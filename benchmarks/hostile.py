@@ -1077,6 +1077,9 @@ def _ghz(
 
 _BACKEND_HIST: Final = "embedgate_backend_call_duration_seconds"
 _SHED_REASONS: Final = ("queue_full", "queue_timeout", "loop_lag", "grpc_gate", "rest_gate")
+# refusals counted under the model's name: made once the request was routed (REST: after its body was read), not by a
+# gate or before the routing (those count as model "_other")
+_LATE: Final = {"model": _MODEL, "outcome": "RESOURCE_EXHAUSTED"}
 _CAPACITY_CLIENTS: Final = (
     16,
     64,
@@ -1214,6 +1217,7 @@ async def _overload_front(
     runs: list[tuple[float, list[str], list[float], float, str]] = []
     for factor in (1.5, 3.0):
         shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
+        late0 = st.metric("embedgate_requests_total", _LATE)
         cpu0, t0, b0 = st.gateway_cpu_s(), time.monotonic(), st.latency_buckets()
         k0 = st.latency_buckets(_BACKEND_HIST)
         with probe.span(spans):
@@ -1224,8 +1228,10 @@ async def _overload_front(
         calls = {k: v - k0.get(k, 0.0) for k, v in st.latency_buckets(_BACKEND_HIST).items()}
         backend = f"{_bucket_quantile(calls, 0.5)} / {_bucket_quantile(calls, 0.99)}"
         shed = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) - v for k, v in shed0.items()}
+        late = st.metric("embedgate_requests_total", _LATE) - late0
         gw = (
-            f"; gateway: shed {', '.join(f'{n:.0f} {k}' for k, n in shed.items())}, admission limit "
+            f"; gateway: shed {', '.join(f'{n:.0f} {k}' for k, n in shed.items())}, of them {late:.0f} once "
+            f"routed (after the body), admission limit "
             f"{st.metric('embedgate_admission_limit'):.0f} at the end, CPU {cpu / wall:.2f} of a core "
             f"({1000 * cpu / max(1, len(codes)):.2f} ms per request sent), p50 / p99 inside the gateway (routed "
             f"predicts, any outcome) <= {inside}, backend calls p50 / p99 <= {backend}; {_load()}; {how}"
