@@ -319,6 +319,8 @@ class Stack:
     fronts: tuple[str, ...] = ("REST", "gRPC")  # the overload class's fronts (--front)
     pin: bool = True  # the overload class: load generators on one CPU, the stack on the others (--no-pin)
     gateway_extra: dict[str, Any] = field(default_factory=dict)  # more gateway settings (--gateway-set)
+    # the overload class's offered loads, x the capacity measured before (--factors); goodput is judged from 1.5x on
+    factors: tuple[float, ...] = (1.5, 3.0)
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     manifest: Any = None
@@ -1076,6 +1078,7 @@ def _ghz(
 
 
 _BACKEND_HIST: Final = "embedgate_backend_call_duration_seconds"
+_JUDGED_FROM: Final = 1.5  # overload factors whose goodput is judged against the target
 _SHED_REASONS: Final = ("queue_full", "queue_timeout", "loop_lag", "grpc_gate", "rest_gate")
 # refusals counted under the model's name: made once the request was routed (REST: after its body was read), not by a
 # gate or before the routing (those count as model "_other")
@@ -1215,7 +1218,7 @@ async def _overload_front(
     before = await capacity("before")
     await asyncio.sleep(1)  # let the gateway settle (adaptive limit) between runs
     runs: list[tuple[float, list[str], list[float], float, str]] = []
-    for factor in (1.5, 3.0):
+    for factor in st.factors:
         shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
         late0 = st.metric("embedgate_requests_total", _LATE)
         cpu0, t0, b0 = st.gateway_cpu_s(), time.monotonic(), st.latency_buckets()
@@ -1246,6 +1249,8 @@ async def _overload_front(
     results: list[ClassResult] = []
     for factor, codes, lat, healthz_ms, gw in runs:
         r = overload_result(f"overload_{factor:g}x", front, codes, lat, seconds, capacity_rps)
+        if factor < _JUDGED_FROM:  # below the overloads: goodput shown, not judged
+            r.goodput = None
         r.healthz_ms = healthz_ms
         r.outcome = f"offered {factor * before:,.0f}/s; " + r.outcome + gw
         results.append(r)
@@ -1455,12 +1460,23 @@ def main(argv: list[str] | None = None) -> int:
         metavar="JSON",
         help='more gateway settings, e.g. \'{"admission": {"adaptive": false}}\' (A/B runs)',
     )
+    ap.add_argument(
+        "--factors",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        default=(1.5, 3.0),
+        help="overload: offered loads, x the capacity measured before (default 1.5,3; goodput judged from 1.5)",
+    )
     args = ap.parse_args(argv)
     names = args.only or list(CLASSES)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
         st = Stack(
-            Path(tmp), args.quick, tuple(args.front or ("REST", "gRPC")), not args.no_pin, args.gateway_set
+            Path(tmp),
+            args.quick,
+            tuple(args.front or ("REST", "gRPC")),
+            not args.no_pin,
+            args.gateway_set,
+            args.factors,
         )
         with st.stack:
             st.start()
