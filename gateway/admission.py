@@ -41,8 +41,8 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, Final
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -53,7 +53,11 @@ from schemas.gateway_settings import AdmissionSettings
 if TYPE_CHECKING:
     from gateway.metrics import Metrics
 
-__all__ = ["Admission", "GradientLimit", "Phase", "ShedMiddleware", "Shedder"]
+__all__ = ["PENDING", "Admission", "GradientLimit", "Pending", "Phase", "ShedMiddleware", "Shedder", "settle"]
+
+PENDING: Final = (
+    "embedgate.pending"  # ASGI scope key: the request's Pending, from its judgement at its head (Shedder)
+)
 
 _LAG_STREAK: Final = 3  # late lag measurements in a row that make the loop count as backlogged
 _MIN_GRADIENT: Final = 0.5
@@ -62,7 +66,7 @@ _DRAIN_SAMPLES: Final = 32  # releases whose rate bounds the admission queue (Ad
 _TRANSIT_MIN: Final = 8  # Admission.observe's bound: calls relayed and not yet seen by admission, at least
 _REASON_CODES: Final = {None: 0, "queue_full": 1, "loop_lag": 2}  # Admission.observe
 
-Observer = Callable[[int, int, int, int, int, int], None]
+Observer = Callable[[int, int, int, int, int, int, int], None]
 
 
 class Phase(enum.Enum):
@@ -221,6 +225,9 @@ class Admission:
         self._clock = clock
         self._shown_limit = -1
         self._observers: list[Observer] = []
+        self.pending = (
+            0  # requests judged at their head (Shedder) that admission has not counted yet (Pending)
+        )
         self._show_limit()
 
     def observe(self, observer: Observer) -> None:
@@ -242,18 +249,23 @@ class Admission:
         from piling up unseen in the Python server's queue, where admission would refuse them only after they waited
         (without it a gRPC refusal took 14 ms at 1.5x capacity, not 0.5); the margin is for the requests it has
         relayed that admission has not seen yet (without it a closed loop of 16 clients was refused while the limit
-        was measured)."""
+        was measured); the room left for requests not judged yet: the requests admission holds at most (the limit
+        plus :attr:`queue_room`) less those judged at their head and not yet counted (:attr:`pending`). The REST gate
+        refuses a request that the requests held and those it relayed and not yet judged would leave no room for:
+        admission would refuse it on arrival, at about three times the CPU."""
         if not self._observers:
             return
         reason = self._reason()
         p = self.policy
+        room = p.limit + (self.queue_room if self._queue_timeout > 0 else 0)
         state = (
             _REASON_CODES[reason],
             p.in_flight,
             p.limit,
             len(self._waiters),
             round(self.loop_lag * 1000),
-            p.limit + (self.queue_room if self._queue_timeout > 0 else 0) + max(_TRANSIT_MIN, p.limit // 4),
+            room + max(_TRANSIT_MIN, p.limit // 4),
+            max(0, room - self.pending),
         )
         for obs in self._observers:
             obs(*state)
@@ -440,6 +452,34 @@ class Admission:
         return err_cls(msg, retry_after=self._retry_after)
 
 
+class Pending:
+    """A ``/v1/...`` request let through at its head (:meth:`Shedder.refusal`) and not yet counted by admission:
+    counted in :attr:`Admission.pending` until :meth:`settle` (once admission admitted, queued or refused it, or the
+    request ended without that). Admission's room for requests not yet judged is less by these (what the REST gate
+    reads)."""
+
+    __slots__ = ("_admission",)
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission: Admission | None = admission
+        admission.pending += 1
+        admission._publish()
+
+    def settle(self) -> None:
+        """No longer pending (only the first call counts)."""
+        adm, self._admission = self._admission, None
+        if adm is not None:
+            adm.pending -= 1
+            adm._publish()
+
+
+def settle(scope: MutableMapping[str, Any]) -> None:
+    """Settle the request's :class:`Pending` (``scope[PENDING]``), if it has one."""
+    pending = scope.get(PENDING)
+    if pending is not None:
+        pending.settle()
+
+
 class Shedder:
     """The early refusal of ``/v1/...`` requests while :meth:`Admission.saturated` says they would be refused anyway:
     before the request id, the token check, the body or the routing, so a refusal under overload costs as little as
@@ -451,13 +491,24 @@ class Shedder:
     def __init__(self, admission: Admission, metrics: Metrics) -> None:
         self.admission = admission
         self.metrics = metrics
+        # called for each ``/v1/...`` request judged: the native REST gate's ``seen`` while it relays to this server
+        # (it counts the requests it relayed that are on their way here, and refuses those admission would)
+        self.on_seen: Callable[[], None] | None = None
 
-    def refusal(self, path: str) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
-        """(status, headers, body) refusing a request for ``path`` now, counted; None when it may go on."""
+    def refusal(
+        self, path: str, scope: MutableMapping[str, Any] | None = None
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        """(status, headers, body) refusing a request for ``path`` now, counted; None when it may go on. A ``/v1/...``
+        request let through with its ``scope`` gets a :class:`Pending` there (``scope[PENDING]``), which the route
+        settles when admission counted it and :class:`ShedMiddleware` when the request ends."""
         if path[:4].lower() != "/v1/":
             return None
+        if self.on_seen is not None:
+            self.on_seen()
         reason = self.admission.saturated()
         if reason is None:
+            if scope is not None:
+                scope[PENDING] = Pending(self.admission)
             return None
         err = self.admission.refuse(reason)
         self.metrics.rejected.inc()
@@ -470,16 +521,22 @@ class Shedder:
 
 
 class ShedMiddleware:
-    """ASGI middleware answering :class:`Shedder`'s refusals (outermost, so that they cost least)."""
+    """ASGI middleware answering :class:`Shedder`'s refusals (outermost, so that they cost least), for the requests
+    the HTTP protocol did not let through at their head (uvicorn's h11 protocol, pipelined requests); it settles the
+    request's :class:`Pending` when the request ends."""
 
     def __init__(self, app: ASGIApp, shedder: Shedder) -> None:
         self.app = app
         self.shedder = shedder
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refusal = self.shedder.refusal(scope["path"]) if scope["type"] == "http" else None
+        judge = scope["type"] == "http" and PENDING not in scope
+        refusal = self.shedder.refusal(scope["path"], scope) if judge else None
         if refusal is None:
-            await self.app(scope, receive, send)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                settle(scope)
             return
         status, headers, body = refusal
         await send({"type": "http.response.start", "status": status, "headers": headers})

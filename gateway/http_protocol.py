@@ -86,7 +86,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             and self._idle()
             and not self.parser.should_upgrade()  # an Upgrade goes the ordinary way, refused by the middleware
         ):
-            refusal = self._shedder.refusal(self.url.decode("latin-1"))  # None for a path it never refuses
+            # None for a path it never refuses; a /v1/ request let through gets its Pending in the scope, so that
+            # ShedMiddleware does not judge it again
+            refusal = self._shedder.refusal(self.url.decode("latin-1"), self.scope)  # type: ignore[arg-type]
             if refusal is not None:
                 self._refuse(*refusal)
                 return

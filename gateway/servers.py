@@ -90,6 +90,7 @@ class RestFront:
             return False
         self._gate = gate
         limiter.observe(gate.set_state)
+        self._app.state.shedder.on_seen = gate.seen
         rt.metrics.collect_hooks.append(self.count_refusals)
         log.info("rest started", extra={"rest_front": "gate", "port": gate.port, "upstream": self.socket})
         return True
@@ -114,6 +115,7 @@ class RestFront:
         if gate is not None:
             rt = self._app.state.runtime
             rt.limiter.unobserve(gate.set_state)
+            self._app.state.shedder.on_seen = None
             with contextlib.suppress(ValueError):
                 rt.metrics.collect_hooks.remove(self.count_refusals)
             gate.close(grace_s)

@@ -119,7 +119,14 @@ class GrpcGate:
     @property
     def closed(self) -> bool: ...
     def set_state(
-        self, reason: int, in_flight: int, limit: int, waiting: int, lag_ms: int, capacity: int
+        self,
+        reason: int,
+        in_flight: int,
+        limit: int,
+        waiting: int,
+        lag_ms: int,
+        capacity: int,
+        room: int = ...,
     ) -> None: ...
     def take_refused(self) -> tuple[int, int, int, int]: ...
     def close(self, grace_s: float) -> None: ...
@@ -142,9 +149,19 @@ class RestGate:
     def port(self) -> int: ...
     @property
     def relayed(self) -> int: ...
+    @property
+    def unseen(self) -> int: ...
     def set_state(
-        self, reason: int, in_flight: int, limit: int, waiting: int, lag_ms: int, capacity: int
+        self,
+        reason: int,
+        in_flight: int,
+        limit: int,
+        waiting: int,
+        lag_ms: int,
+        capacity: int,
+        room: int = ...,
     ) -> None: ...
+    def seen(self) -> None: ...
     def take_refused(self) -> tuple[int, int, int]: ...
     def close(self, grace_s: float) -> None: ...
 

@@ -19,6 +19,7 @@ from urllib.parse import unquote
 from fastapi import FastAPI, Request, Response
 from starlette.requests import ClientDisconnect
 
+from gateway.admission import settle
 from gateway.codec.json_tensor import error_body
 from gateway.core.embedding import EmbeddingServable
 from gateway.core.gateway import Gateway
@@ -208,7 +209,10 @@ async def _serve(
     headers: dict[str, str] = {}
     if call.api in _VERBS:
         raw = await _read(request, rt, held)
-        await call.admit_queued()  # only now: a slow sender holds no slot
+        try:
+            await call.admit_queued()  # only now: a slow sender holds no slot
+        finally:
+            settle(request.scope)  # counted by admission now (gateway.admission.Pending)
         with request_scope(rt.settings.limits, rt.executor, len(raw), rt.procs):
             body, version, call.degraded = await _post(
                 gw, call.api, name, spec, raw, deadline, rt.metrics.native_fallback
@@ -216,7 +220,10 @@ async def _serve(
         if call.degraded is not None:
             headers[DEGRADED_HEADER] = call.degraded
     else:
-        await call.admit_queued()
+        try:
+            await call.admit_queued()
+        finally:
+            settle(request.scope)
         if call.api == "metadata":
             meta = await gw.handle(MetadataRequest(name, spec), deadline)
             body, version = metadata_json(name, meta), meta.version

@@ -89,11 +89,12 @@ impl Shared {
 /// request arriving now would be refused, the numbers of the refusal's text, and the relay bound.
 pub(crate) struct AdmissionState {
     reason: AtomicU8,
-    in_flight: AtomicI64,           // admitted and not released
-    limit: AtomicI64,               // the concurrency limit
-    waiting: AtomicI64,             // the queue
-    lag_ms: AtomicI64,              // how late its loop runs
-    pub(crate) capacity: AtomicI64, // requests a gate may relay at once
+    pub(crate) in_flight: AtomicI64, // admitted and not released
+    pub(crate) limit: AtomicI64,     // the concurrency limit
+    pub(crate) waiting: AtomicI64,   // the queue
+    lag_ms: AtomicI64,               // how late its loop runs
+    pub(crate) capacity: AtomicI64,  // requests a gate may relay at once
+    pub(crate) room: AtomicI64, // room left for requests not judged yet (`Admission._publish`); REST gate only
     pub(crate) max_in_flight: i64,
     max_lag_text: String, // admission.max_loop_lag_s as the gateway words it
 }
@@ -107,6 +108,7 @@ impl AdmissionState {
             waiting: AtomicI64::new(0),
             lag_ms: AtomicI64::new(0),
             capacity: AtomicI64::new(capacity),
+            room: AtomicI64::new(i64::MAX),
             max_in_flight,
             max_lag_text: max_lag_text.to_string(),
         }
@@ -121,8 +123,10 @@ impl AdmissionState {
         waiting: i64,
         lag_ms: i64,
         capacity: i64,
+        room: i64,
     ) {
         self.in_flight.store(in_flight, Ordering::Relaxed);
+        self.room.store(room, Ordering::Relaxed);
         self.limit.store(limit, Ordering::Relaxed);
         self.waiting.store(waiting, Ordering::Relaxed);
         self.lag_ms.store(lag_ms, Ordering::Relaxed);
@@ -671,7 +675,8 @@ impl GrpcGate {
 
     /// The gateway's admission now: `reason` 0 (admits), 1 (queue full) or 2 (loop lagging), its numbers for the
     /// refusal's text, and `capacity`, the relayed calls allowed at once (its limit, queue room and a margin).
-    #[pyo3(signature = (reason, in_flight, limit, waiting, lag_ms, capacity))]
+    #[pyo3(signature = (reason, in_flight, limit, waiting, lag_ms, capacity, room = i64::MAX))]
+    #[allow(clippy::too_many_arguments)]
     fn set_state(
         &self,
         reason: u8,
@@ -680,10 +685,11 @@ impl GrpcGate {
         waiting: i64,
         lag_ms: i64,
         capacity: i64,
+        room: i64,
     ) {
         self.shared
             .adm
-            .set(reason, in_flight, limit, waiting, lag_ms, capacity);
+            .set(reason, in_flight, limit, waiting, lag_ms, capacity, room);
     }
 
     /// The next whole-message call for a worker thread, waiting up to `timeout_s` without the interpreter lock;

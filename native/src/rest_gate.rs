@@ -6,8 +6,10 @@
 //! tokio runtime; it never takes the GIL). For each request on a client connection it either
 //! * answers the 429 (503 with `overload_status: 503`) itself, with the very bytes the gateway's protocol writes, when
 //!   the request is to `/v1/...` and the gateway's admission would refuse any request now (the state it publishes on
-//!   every change, as for the gRPC gate), or when the requests relayed and not yet answered are as many as the
-//!   gateway can take (its limit, its queue room and a margin: more would wait in the Python server, unseen); or
+//!   every change, as for the gRPC gate), or when admission's holdings plus the `/v1/` requests relayed and not yet
+//!   judged by the Python server fill admission's room (it would refuse the request on arrival), or when the
+//!   requests relayed and not yet answered are as many as the gateway can take (its limit, its queue room and a
+//!   margin: more would wait in the Python server, unseen); or
 //! * relays it to the Python server on a private Unix socket (one upstream connection per client connection, opened
 //!   at its first relayed request): the head and the body as they come, then the answer back, framed by its
 //!   `Content-Length`.
@@ -42,8 +44,12 @@ const MAX_ANSWER_HEAD: usize = 64 * 1024; // an answer head longer than this: tu
 const MAX_PIPELINED: usize = 1 << 20; // bytes read ahead from a client while its answer is awaited
 
 struct State {
-    adm: AdmissionState,       // what the gateway's admission published
-    relayed: AtomicI64,        // relayed, body up, answer not yet relayed back
+    adm: AdmissionState, // what the gateway's admission published
+    relayed: AtomicI64,  // relayed, body up, answer not yet relayed back
+    // `/v1/` requests whose head went up and that the Python server has not yet judged (`seen`): on their way to its
+    // admission; and the `/v1/` requests relayed and not yet answered, which bound it (see `admit`)
+    unseen: AtomicI64,
+    outstanding: AtomicI64,
     refused: [AtomicU64; 3],   // queue_full, loop_lag, rest_gate
     status_line: &'static str, // "429 Too Many Requests" or "503 Service Unavailable"
     retry_after: u32,
@@ -52,11 +58,39 @@ struct State {
 }
 
 impl State {
-    /// The refusal (reason index and text) of a request arriving now, or None to relay it. The relay bound counts
-    /// requests whose body is up and whose answer is awaited (`relay` takes the slot).
+    /// The refusal (reason index and text) of a request arriving now, or None to relay it: refused while admission
+    /// refuses; while the requests admission holds (in flight and waiting) plus those on their way to it (relayed
+    /// and not yet judged by the Python server) fill the room it leaves for them (its limit plus its queue room,
+    /// less the requests the server judged and admission has not counted yet), as admission would refuse it on
+    /// arrival, at three times the CPU; and at the relay bound, which counts requests whose body is up and whose
+    /// answer is awaited (`relay` takes the slot).
     fn admit(&self) -> Option<(usize, String)> {
         if let Some(refusal) = self.adm.refusal() {
             return Some(refusal);
+        }
+        let unseen = self
+            .unseen
+            .load(Ordering::Acquire)
+            .min(self.outstanding.load(Ordering::Acquire))
+            .max(0);
+        if unseen > 0 {
+            let adm = &self.adm;
+            let (in_flight, waiting) = (
+                adm.in_flight.load(Ordering::Relaxed),
+                adm.waiting.load(Ordering::Relaxed),
+            );
+            if in_flight + waiting + unseen >= adm.room.load(Ordering::Relaxed) {
+                return Some((
+                    2,
+                    format!(
+                        "Too many requests in flight: {in_flight} at the concurrency limit of {} \
+                         (max_in_flight={}), {waiting} waiting (admission.max_queue) and {unseen} on their way; \
+                         retry later",
+                        adm.limit.load(Ordering::Relaxed),
+                        adm.max_in_flight
+                    ),
+                ));
+            }
         }
         let cap = self.adm.capacity.load(Ordering::Acquire);
         let before = self.relayed.load(Ordering::Acquire);
@@ -98,6 +132,28 @@ impl State {
         out.push_str("\r\n");
         out.push_str(&body);
         out.into_bytes()
+    }
+}
+
+/// A `/v1/` request relayed and not yet answered, counted on its way to admission until the Python server says it
+/// judged one (`RestGate.seen`). When none is left unanswered nothing can be on its way: the count starts again from
+/// 0, so a request the server never reported (a tunnelled one reported instead, a head it never read) cannot leave
+/// it high.
+struct OnTheWay(Arc<State>);
+
+impl OnTheWay {
+    fn new(st: Arc<State>) -> OnTheWay {
+        st.outstanding.fetch_add(1, Ordering::AcqRel);
+        st.unseen.fetch_add(1, Ordering::AcqRel);
+        OnTheWay(st)
+    }
+}
+
+impl Drop for OnTheWay {
+    fn drop(&mut self) {
+        if self.0.outstanding.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.unseen.store(0, Ordering::Release);
+        }
     }
 }
 
@@ -443,6 +499,7 @@ impl Conn {
         }
         let (ur, uw) = self.up.as_mut().expect("connected above");
         let in_buf = (req.body_len.min((self.buf.len() - req.head_len) as u64)) as usize;
+        let _way = req.guarded.then(|| OnTheWay::new(self.st.clone()));
         uw.write_all(&self.buf[..req.head_len + in_buf]).await?;
         self.buf.drain(..req.head_len + in_buf);
         let mut left = req.body_len - in_buf as u64;
@@ -600,6 +657,8 @@ impl RestGate {
         let st = Arc::new(State {
             adm: AdmissionState::new(capacity, max_in_flight, max_lag_text),
             relayed: AtomicI64::new(0),
+            unseen: AtomicI64::new(0),
+            outstanding: AtomicI64::new(0),
             refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
             status_line,
             retry_after,
@@ -630,7 +689,10 @@ impl RestGate {
 
     /// The gateway's admission now (as `GrpcGate.set_state`): `reason` 0 (admits), 1 (queue full) or 2 (loop
     /// lagging), its numbers for the refusal's text, and `capacity`, the relayed requests allowed at once.
-    #[pyo3(signature = (reason, in_flight, limit, waiting, lag_ms, capacity))]
+    /// `room`: the room admission leaves for requests not judged yet, its limit plus its queue room less the
+    /// requests judged and not yet counted (none given: no bound).
+    #[pyo3(signature = (reason, in_flight, limit, waiting, lag_ms, capacity, room = i64::MAX))]
+    #[allow(clippy::too_many_arguments)]
     fn set_state(
         &self,
         reason: u8,
@@ -639,10 +701,31 @@ impl RestGate {
         waiting: i64,
         lag_ms: i64,
         capacity: i64,
+        room: i64,
     ) {
         self.st
             .adm
-            .set(reason, in_flight, limit, waiting, lag_ms, capacity);
+            .set(reason, in_flight, limit, waiting, lag_ms, capacity, room);
+    }
+
+    /// The Python server judged a `/v1/` request (`gateway.admission.Shedder`, at its head): one fewer on its way.
+    fn seen(&self) {
+        let _ = self
+            .st
+            .unseen
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n > 0).then_some(n - 1)
+            });
+    }
+
+    /// `/v1/` requests relayed that the Python server has not yet judged (as `admit` counts them).
+    #[getter]
+    fn unseen(&self) -> i64 {
+        self.st
+            .unseen
+            .load(Ordering::Acquire)
+            .min(self.st.outstanding.load(Ordering::Acquire))
+            .max(0)
     }
 
     /// Refusals since the last call, by reason: (queue_full, loop_lag, rest_gate).
@@ -770,13 +853,15 @@ mod tests {
         let st = State {
             adm: AdmissionState::new(1, 8, "0.25"),
             relayed: AtomicI64::new(0),
+            unseen: AtomicI64::new(0),
+            outstanding: AtomicI64::new(0),
             refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
             status_line: "429 Too Many Requests",
             retry_after: 1,
             upstream: PathBuf::new(),
             keep_alive: Duration::from_secs(1),
         };
-        st.adm.set(crate::gate::QUEUE_FULL, 2, 2, 0, 0, 1);
+        st.adm.set(crate::gate::QUEUE_FULL, 2, 2, 0, 0, 1, 4);
         let (why, text) = st.admit().expect("queue full");
         assert_eq!(why, 0);
         let answer = String::from_utf8(st.refusal(&text, true)).unwrap();
@@ -800,7 +885,7 @@ mod tests {
         assert!(String::from_utf8(st.refusal("x", false))
             .unwrap()
             .contains("\r\nconnection: close\r\n\r\n"));
-        st.adm.set(crate::gate::OPEN, 0, 2, 0, 0, 1);
+        st.adm.set(crate::gate::OPEN, 0, 2, 0, 0, 1, 4);
         assert!(st.admit().is_none()); // room for one relayed request
         st.relayed.fetch_add(1, Ordering::AcqRel); // its body is up: it holds the slot
         let (why, text) = st.admit().expect("relay bound");
@@ -810,5 +895,42 @@ mod tests {
             "{text}"
         );
         drop(Slot(Arc::new(st)));
+    }
+
+    #[test]
+    fn requests_on_their_way_count_against_admission_room() {
+        let st = Arc::new(State {
+            adm: AdmissionState::new(100, 8, "0.25"),
+            relayed: AtomicI64::new(0),
+            unseen: AtomicI64::new(0),
+            outstanding: AtomicI64::new(0),
+            refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+            status_line: "429 Too Many Requests",
+            retry_after: 1,
+            upstream: PathBuf::new(),
+            keep_alive: Duration::from_secs(1),
+        });
+        // admission holds 2 + 1 of its room of 4
+        st.adm.set(crate::gate::OPEN, 2, 2, 1, 0, 100, 4);
+        assert!(st.admit().is_none());
+        let first = OnTheWay::new(st.clone()); // one on its way fills the room
+        let (why, text) = st.admit().expect("room full");
+        assert_eq!(why, 2);
+        assert_eq!(
+            text,
+            "Too many requests in flight: 2 at the concurrency limit of 2 (max_in_flight=8), 1 waiting \
+             (admission.max_queue) and 1 on their way; retry later"
+        );
+        st.unseen.fetch_sub(1, Ordering::AcqRel); // the server judged it (`seen`)
+        assert!(st.admit().is_none());
+        // counted but never reported: it no longer counts once nothing relayed is unanswered
+        let second = OnTheWay::new(st.clone());
+        st.unseen.fetch_add(5, Ordering::AcqRel);
+        assert!(st.admit().is_some());
+        drop(first);
+        assert!(st.admit().is_some()); // one still unanswered: at most one on its way
+        drop(second);
+        assert_eq!(st.unseen.load(Ordering::Acquire), 0);
+        assert!(st.admit().is_none());
     }
 }

@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from gateway.admission import Shedder
+from gateway.admission import PENDING, Pending, Shedder, settle
 from gateway.metrics import Metrics
 from gateway.servers import limit_options
 from schemas.gateway_settings import GatewaySettings
@@ -134,7 +134,9 @@ async def test_the_refusal_is_written_before_the_app_sees_the_request() -> None:
     seen: list[str] = []
 
     class Refusing:
-        def refusal(self, path: str) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        def refusal(
+            self, path: str, scope: object = None
+        ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
             return (429, [(b"content-length", b"2")], b"no") if path.startswith("/v1/") else None
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -160,10 +162,20 @@ def test_the_shedder_only_refuses_v1_paths_while_saturated() -> None:
     adm = Admission(1, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=0), metrics)
     shed = Shedder(adm, metrics)
     assert shed.refusal("/v1/models/m:predict") is None
+    # let through with its scope: pending until admission counts it (the route) or the request ends (middleware)
+    scope: dict[str, object] = {}
+    assert shed.refusal("/v1/models/m:predict", scope) is None
+    assert adm.pending == 1 and isinstance(scope[PENDING], Pending)
+    settle(scope)
+    settle(dict(scope))  # a copy of the scope holds the same Pending: counted once
+    assert adm.pending == 0
+    scope = {}
+    assert shed.refusal("/healthz", scope) is None and scope == {}  # never judged, never pending
     adm.acquire()
     assert shed.refusal("/healthz") is None
-    refusal = shed.refusal("/V1/models/m:predict")
+    refusal = shed.refusal("/V1/models/m:predict", scope)
     assert refusal is not None and refusal[0] == 429
+    assert adm.pending == 0 and scope == {}
 
 
 @pytest.mark.parametrize("parser", ["httptools", "h11"])

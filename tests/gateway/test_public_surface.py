@@ -49,7 +49,16 @@ SURFACE = {
         "is_loopback",
         "load_settings",
     ],
-    "gateway.admission": ["Admission", "GradientLimit", "Phase", "ShedMiddleware", "Shedder"],
+    "gateway.admission": [
+        "PENDING",
+        "Admission",
+        "GradientLimit",
+        "Pending",
+        "Phase",
+        "ShedMiddleware",
+        "Shedder",
+        "settle",
+    ],
     "gateway.auth": ["Authenticator", "TokenEntry", "exposure_problem", "parse_tokens"],
     "gateway.readiness": ["PROBE_TIMEOUT_S", "Readiness", "poll_readiness"],
     "gateway.limits": [

@@ -32,7 +32,7 @@ _ABANDONED = threading.Event()  # set by the echo app when a /wait request's cli
 
 async def _echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Answers what it got: method, path, the body's length and its first bytes; ``/stream`` answers chunked;
-    ``/wait`` answers nothing until its client goes away, then sets :data:`_ABANDONED`."""
+    ``/wait`` and ``/v1/wait`` answer nothing until their client goes away, then sets :data:`_ABANDONED`."""
     if scope["type"] != "http":
         return
     body = b""
@@ -41,7 +41,7 @@ async def _echo(scope: dict[str, Any], receive: Any, send: Any) -> None:
         body += msg.get("body", b"")
         if not msg.get("more_body"):
             break
-    if scope["path"] == "/wait":
+    if scope["path"] in ("/wait", "/v1/wait"):
         if (await receive())["type"] == "http.disconnect":
             _ABANDONED.set()
         return
@@ -205,6 +205,47 @@ def test_refuses_v1_requests_while_admission_refuses_and_skips_their_bodies() ->
         head, _ = _read_answer(s, buf)
         assert b"\r\nconnection: close\r\n" in head
         assert s.recv(10) == b""
+
+
+def test_requests_on_their_way_to_admission_fill_its_room() -> None:
+    """A ``/v1/`` request relayed counts as on its way to admission until the server reports it judged (``seen``,
+    which the gateway's Shedder calls); while admission's holdings plus those fill its room (its limit plus its queue
+    room, the state's last number) the gate refuses, as admission would on their arrival. Once nothing relayed is
+    unanswered, nothing counts as on its way, reported or not."""
+
+    def until_unseen(gate: Any, n: int) -> None:
+        end = time.monotonic() + _T
+        while gate.unseen != n:
+            assert time.monotonic() < end, gate.unseen
+            time.sleep(0.01)
+
+    with _echo_server() as up, _gate(up) as gate, _connect(gate) as b:
+        buf = bytearray()
+        gate.set_state(0, 1, 2, 1, 0, 100, 3)  # admission holds 1 + 1 of its room of 3
+        with _connect(gate) as a:
+            a.sendall(_post("/v1/wait", b""))  # relayed; the echo server never reports it
+            until_unseen(gate, 1)
+            b.sendall(_post("/v1/x", b""))
+            head, body = _read_answer(b, buf)
+            assert head.startswith(b"HTTP/1.1 429 "), head
+            assert json.loads(body) == {
+                "error": "Too many requests in flight: 1 at the concurrency limit of 2 (max_in_flight=8), 1 "
+                "waiting (admission.max_queue) and 1 on their way; retry later"
+            }
+            assert gate.take_refused() == (0, 0, 1)  # counted as the gate's own (rest_gate)
+            b.sendall(_post("/healthz", b""))  # other paths are never refused
+            assert json.loads(_read_answer(b, buf)[1])["path"] == "/healthz"
+        until_unseen(gate, 0)  # its client went away: nothing relayed is unanswered, so nothing is on its way
+        b.sendall(_post("/v1/x", b"1"))
+        assert json.loads(_read_answer(b, buf)[1])["path"] == "/v1/x"
+        with _connect(gate) as c:
+            c.sendall(_post("/v1/wait", b""))
+            until_unseen(gate, 1)
+            gate.seen()  # the server judged it: room again
+            gate.seen()  # more reports than requests relayed (a tunnelled one): never below 0
+            assert gate.unseen == 0
+            b.sendall(_post("/v1/y", b""))
+            assert json.loads(_read_answer(b, buf)[1])["path"] == "/v1/y"
 
 
 def test_what_it_does_not_judge_is_tunnelled_to_the_server() -> None:
