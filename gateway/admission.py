@@ -66,7 +66,7 @@ _DRAIN_SAMPLES: Final = 32  # releases whose rate bounds the admission queue (Ad
 _TRANSIT_MIN: Final = 8  # Admission.observe's bound: calls relayed and not yet seen by admission, at least
 _REASON_CODES: Final = {None: 0, "queue_full": 1, "loop_lag": 2}  # Admission.observe
 
-Observer = Callable[[int, int, int, int, int, int, int], None]
+Observer = Callable[[int, int, int, int, int, int, int, int], None]
 
 
 class Phase(enum.Enum):
@@ -249,10 +249,10 @@ class Admission:
         from piling up unseen in the Python server's queue, where admission would refuse them only after they waited
         (without it a gRPC refusal took 14 ms at 1.5x capacity, not 0.5); the margin is for the requests it has
         relayed that admission has not seen yet (without it a closed loop of 16 clients was refused while the limit
-        was measured); the room left for requests not judged yet: the requests admission holds at most (the limit
-        plus :attr:`queue_room`) less those judged at their head and not yet counted (:attr:`pending`). The REST gate
-        refuses a request that the requests held and those it relayed and not yet judged would leave no room for:
-        admission would refuse it on arrival, at about three times the CPU."""
+        was measured); the room, the requests admission holds at most (the limit plus :attr:`queue_room`); and the
+        requests judged at their head and not yet counted (:attr:`pending`). The REST gate refuses a request that the
+        requests held, those pending and those it relayed and not yet judged would leave no room for: admission would
+        refuse it on arrival, at about three times the CPU."""
         if not self._observers:
             return
         reason = self._reason()
@@ -265,7 +265,8 @@ class Admission:
             len(self._waiters),
             round(self.loop_lag * 1000),
             room + max(_TRANSIT_MIN, p.limit // 4),
-            max(0, room - self.pending),
+            room,
+            self.pending,
         )
         for obs in self._observers:
             obs(*state)

@@ -94,7 +94,8 @@ pub(crate) struct AdmissionState {
     pub(crate) waiting: AtomicI64,   // the queue
     lag_ms: AtomicI64,               // how late its loop runs
     pub(crate) capacity: AtomicI64,  // requests a gate may relay at once
-    pub(crate) room: AtomicI64, // room left for requests not judged yet (`Admission._publish`); REST gate only
+    pub(crate) room: AtomicI64, // requests admission holds at most (limit plus queue room); REST gate only
+    pub(crate) pending: AtomicI64, // judged by the Python server, not yet counted by admission; REST gate only
     pub(crate) max_in_flight: i64,
     max_lag_text: String, // admission.max_loop_lag_s as the gateway words it
 }
@@ -109,6 +110,7 @@ impl AdmissionState {
             lag_ms: AtomicI64::new(0),
             capacity: AtomicI64::new(capacity),
             room: AtomicI64::new(i64::MAX),
+            pending: AtomicI64::new(0),
             max_in_flight,
             max_lag_text: max_lag_text.to_string(),
         }
@@ -123,10 +125,11 @@ impl AdmissionState {
         waiting: i64,
         lag_ms: i64,
         capacity: i64,
-        room: i64,
+        (room, pending): (i64, i64),
     ) {
         self.in_flight.store(in_flight, Ordering::Relaxed);
         self.room.store(room, Ordering::Relaxed);
+        self.pending.store(pending, Ordering::Relaxed);
         self.limit.store(limit, Ordering::Relaxed);
         self.waiting.store(waiting, Ordering::Relaxed);
         self.lag_ms.store(lag_ms, Ordering::Relaxed);
@@ -675,7 +678,7 @@ impl GrpcGate {
 
     /// The gateway's admission now: `reason` 0 (admits), 1 (queue full) or 2 (loop lagging), its numbers for the
     /// refusal's text, and `capacity`, the relayed calls allowed at once (its limit, queue room and a margin).
-    #[pyo3(signature = (reason, in_flight, limit, waiting, lag_ms, capacity, room = i64::MAX))]
+    #[pyo3(signature = (reason, in_flight, limit, waiting, lag_ms, capacity, room = i64::MAX, pending = 0))]
     #[allow(clippy::too_many_arguments)]
     fn set_state(
         &self,
@@ -686,10 +689,17 @@ impl GrpcGate {
         lag_ms: i64,
         capacity: i64,
         room: i64,
+        pending: i64,
     ) {
-        self.shared
-            .adm
-            .set(reason, in_flight, limit, waiting, lag_ms, capacity, room);
+        self.shared.adm.set(
+            reason,
+            in_flight,
+            limit,
+            waiting,
+            lag_ms,
+            capacity,
+            (room, pending),
+        );
     }
 
     /// The next whole-message call for a worker thread, waiting up to `timeout_s` without the interpreter lock;

@@ -59,32 +59,32 @@ struct State {
 
 impl State {
     /// The refusal (reason index and text) of a request arriving now, or None to relay it: refused while admission
-    /// refuses; while the requests admission holds (in flight and waiting) plus those on their way to it (relayed
-    /// and not yet judged by the Python server) fill the room it leaves for them (its limit plus its queue room,
-    /// less the requests the server judged and admission has not counted yet), as admission would refuse it on
-    /// arrival, at three times the CPU; and at the relay bound, which counts requests whose body is up and whose
-    /// answer is awaited (`relay` takes the slot).
+    /// refuses; while the requests admission holds (in flight and waiting) plus those on their way to it (let
+    /// through by the Python server and not yet counted, or relayed and not yet judged there) fill its room (its
+    /// limit plus its queue room), as admission would refuse it on arrival, at three times the CPU; and at the relay
+    /// bound, which counts requests whose body is up and whose answer is awaited (`relay` takes the slot).
     fn admit(&self) -> Option<(usize, String)> {
         if let Some(refusal) = self.adm.refusal() {
             return Some(refusal);
         }
-        let unseen = self
+        let adm = &self.adm;
+        let on_way = self
             .unseen
             .load(Ordering::Acquire)
             .min(self.outstanding.load(Ordering::Acquire))
-            .max(0);
-        if unseen > 0 {
-            let adm = &self.adm;
+            .max(0)
+            + adm.pending.load(Ordering::Relaxed).max(0);
+        if on_way > 0 {
             let (in_flight, waiting) = (
                 adm.in_flight.load(Ordering::Relaxed),
                 adm.waiting.load(Ordering::Relaxed),
             );
-            if in_flight + waiting + unseen >= adm.room.load(Ordering::Relaxed) {
+            if in_flight + waiting + on_way >= adm.room.load(Ordering::Relaxed) {
                 return Some((
                     2,
                     format!(
                         "Too many requests in flight: {in_flight} at the concurrency limit of {} \
-                         (max_in_flight={}), {waiting} waiting (admission.max_queue) and {unseen} on their way; \
+                         (max_in_flight={}), {waiting} waiting (admission.max_queue) and {on_way} on their way; \
                          retry later",
                         adm.limit.load(Ordering::Relaxed),
                         adm.max_in_flight
@@ -689,9 +689,9 @@ impl RestGate {
 
     /// The gateway's admission now (as `GrpcGate.set_state`): `reason` 0 (admits), 1 (queue full) or 2 (loop
     /// lagging), its numbers for the refusal's text, and `capacity`, the relayed requests allowed at once.
-    /// `room`: the room admission leaves for requests not judged yet, its limit plus its queue room less the
-    /// requests judged and not yet counted (none given: no bound).
-    #[pyo3(signature = (reason, in_flight, limit, waiting, lag_ms, capacity, room = i64::MAX))]
+    /// `room`: the requests admission holds at most, its limit plus its queue room (none given: no bound);
+    /// `pending`: the requests the Python server let through at their head that admission has not counted yet.
+    #[pyo3(signature = (reason, in_flight, limit, waiting, lag_ms, capacity, room = i64::MAX, pending = 0))]
     #[allow(clippy::too_many_arguments)]
     fn set_state(
         &self,
@@ -702,10 +702,17 @@ impl RestGate {
         lag_ms: i64,
         capacity: i64,
         room: i64,
+        pending: i64,
     ) {
-        self.st
-            .adm
-            .set(reason, in_flight, limit, waiting, lag_ms, capacity, room);
+        self.st.adm.set(
+            reason,
+            in_flight,
+            limit,
+            waiting,
+            lag_ms,
+            capacity,
+            (room, pending),
+        );
     }
 
     /// The Python server judged a `/v1/` request (`gateway.admission.Shedder`, at its head): one fewer on its way.
@@ -848,10 +855,10 @@ mod tests {
         assert_eq!(answer_head(b"nonsense\r\n\r\n", false), Err(()));
     }
 
-    #[test]
-    fn refusals_are_the_gateway_protocol_bytes_and_relays_are_bounded() {
-        let st = State {
-            adm: AdmissionState::new(1, 8, "0.25"),
+    /// A gate's state with a relay bound of `capacity`, max_in_flight 8, answering 429.
+    fn state(capacity: i64) -> State {
+        State {
+            adm: AdmissionState::new(capacity, 8, "0.25"),
             relayed: AtomicI64::new(0),
             unseen: AtomicI64::new(0),
             outstanding: AtomicI64::new(0),
@@ -860,8 +867,13 @@ mod tests {
             retry_after: 1,
             upstream: PathBuf::new(),
             keep_alive: Duration::from_secs(1),
-        };
-        st.adm.set(crate::gate::QUEUE_FULL, 2, 2, 0, 0, 1, 4);
+        }
+    }
+
+    #[test]
+    fn refusals_are_the_gateway_protocol_bytes_and_relays_are_bounded() {
+        let st = state(1);
+        st.adm.set(crate::gate::QUEUE_FULL, 2, 2, 0, 0, 1, (4, 0));
         let (why, text) = st.admit().expect("queue full");
         assert_eq!(why, 0);
         let answer = String::from_utf8(st.refusal(&text, true)).unwrap();
@@ -885,7 +897,7 @@ mod tests {
         assert!(String::from_utf8(st.refusal("x", false))
             .unwrap()
             .contains("\r\nconnection: close\r\n\r\n"));
-        st.adm.set(crate::gate::OPEN, 0, 2, 0, 0, 1, 4);
+        st.adm.set(crate::gate::OPEN, 0, 2, 0, 0, 1, (4, 0));
         assert!(st.admit().is_none()); // room for one relayed request
         st.relayed.fetch_add(1, Ordering::AcqRel); // its body is up: it holds the slot
         let (why, text) = st.admit().expect("relay bound");
@@ -899,19 +911,9 @@ mod tests {
 
     #[test]
     fn requests_on_their_way_count_against_admission_room() {
-        let st = Arc::new(State {
-            adm: AdmissionState::new(100, 8, "0.25"),
-            relayed: AtomicI64::new(0),
-            unseen: AtomicI64::new(0),
-            outstanding: AtomicI64::new(0),
-            refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
-            status_line: "429 Too Many Requests",
-            retry_after: 1,
-            upstream: PathBuf::new(),
-            keep_alive: Duration::from_secs(1),
-        });
-        // admission holds 2 + 1 of its room of 4
-        st.adm.set(crate::gate::OPEN, 2, 2, 1, 0, 100, 4);
+        let st = Arc::new(state(100));
+        // admission holds 2 + 1 of its room of 5, and one request is judged but not yet counted
+        st.adm.set(crate::gate::OPEN, 2, 2, 1, 0, 100, (5, 1));
         assert!(st.admit().is_none());
         let first = OnTheWay::new(st.clone()); // one on its way fills the room
         let (why, text) = st.admit().expect("room full");
@@ -919,7 +921,7 @@ mod tests {
         assert_eq!(
             text,
             "Too many requests in flight: 2 at the concurrency limit of 2 (max_in_flight=8), 1 waiting \
-             (admission.max_queue) and 1 on their way; retry later"
+             (admission.max_queue) and 2 on their way; retry later"
         );
         st.unseen.fetch_sub(1, Ordering::AcqRel); // the server judged it (`seen`)
         assert!(st.admit().is_none());

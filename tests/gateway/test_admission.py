@@ -481,8 +481,10 @@ async def test_a_slow_release_rate_still_lets_one_request_wait() -> None:
 async def test_an_observer_sees_every_change_of_what_a_request_would_get() -> None:
     """:meth:`Admission.observe` (what the native gRPC gate refuses from): the reason a request arriving now would be
     refused (0 admitted, 1 queue_full), the numbers of its text, the relay bound, and the limit plus the queue room."""
-    seen: list[tuple[int, int, int, int, int, int, int]] = []
-    also: list[tuple[int, int, int, int, int, int, int]] = []  # a second observer (the other native gate)
+    seen: list[tuple[int, int, int, int, int, int, int, int]] = []
+    also: list[
+        tuple[int, int, int, int, int, int, int, int]
+    ] = []  # a second observer (the other native gate)
     adm = Admission(2, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=30, max_queue=5))
 
     def observer(*state: int) -> None:
@@ -490,48 +492,48 @@ async def test_an_observer_sees_every_change_of_what_a_request_would_get() -> No
 
     adm.observe(observer)
     adm.observe(lambda *state: also.append(state))
-    # told at once: nothing in flight, limit 2, bound 2 + queue room 2 + margin 8, room 2 + 2
-    assert seen[-1] == (0, 0, 2, 0, 0, 12, 4)
+    # told at once: nothing in flight, limit 2, bound 2 + queue room 2 + margin 8, room 2 + 2, none pending
+    assert seen[-1] == (0, 0, 2, 0, 0, 12, 4, 0)
     first = await adm.admit()
-    assert seen[-1] == (0, 1, 2, 0, 0, 12, 4)
+    assert seen[-1] == (0, 1, 2, 0, 0, 12, 4, 0)
     adm.acquire()
     waiters = [asyncio.create_task(adm.admit()) for _ in range(2)]
     await asyncio.sleep(0)
-    assert seen[-1] == (1, 2, 2, 2, 0, 12, 4)  # full and the queue full: a request now is refused
+    assert seen[-1] == (1, 2, 2, 2, 0, 12, 4, 0)  # full and the queue full: a request now is refused
     adm.release(first)
     await waiters[0]
-    assert seen[-1] == (0, 2, 2, 1, 0, 12, 4)  # a waiter took the slot: room in the queue again
+    assert seen[-1] == (0, 2, 2, 1, 0, 12, 4, 0)  # a waiter took the slot: room in the queue again
     waiters[1].cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiters[1]
-    assert seen[-1] == (0, 2, 2, 0, 0, 12, 4)
+    assert seen[-1] == (0, 2, 2, 0, 0, 12, 4, 0)
     assert also == seen[1:]  # told everything since it came
     adm.unobserve(observer)
     n = len(seen)
     adm.release(None)
     assert len(seen) == n  # no longer told
-    assert also[-1] == (0, 1, 2, 0, 0, 12, 4)  # the other still is
+    assert also[-1] == (0, 1, 2, 0, 0, 12, 4, 0)  # the other still is
     no_queue = Admission(1, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=0))
     no_queue.observe(lambda *state: seen.append(state))
-    assert seen[-1] == (0, 0, 1, 0, 0, 9, 1)  # without a queue: the limit and the margin
+    assert seen[-1] == (0, 0, 1, 0, 0, 9, 1, 0)  # without a queue: the limit and the margin
     no_queue.acquire()
-    assert seen[-1] == (1, 1, 1, 0, 0, 9, 1)
+    assert seen[-1] == (1, 1, 1, 0, 0, 9, 1, 0)
 
 
-def test_the_room_observed_is_less_by_the_requests_judged_and_not_yet_counted() -> None:
-    """A request let through at its head (:class:`Pending`) takes room before admission counts it: the room the REST
-    gate reads (the state's last number) is the limit plus the queue room less the pending requests."""
+def test_the_requests_judged_and_not_yet_counted_are_published() -> None:
+    """A request let through at its head (:class:`Pending`) takes room before admission counts it: the REST gate reads
+    the room (the limit plus the queue room) and the pending requests (the state's last two numbers)."""
     from gateway.admission import Pending
 
     seen: list[tuple[int, ...]] = []
     adm = Admission(2, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=30, max_queue=5))
     adm.observe(lambda *state: seen.append(state))
-    assert seen[-1][6] == 4
+    assert seen[-1][6:] == (4, 0)
     first, second = Pending(adm), Pending(adm)
-    assert seen[-1][6] == 2 and adm.pending == 2
+    assert seen[-1][6:] == (4, 2) and adm.pending == 2
     first.settle()
     first.settle()  # once only
-    assert seen[-1][6] == 3 and adm.pending == 1
+    assert seen[-1][6:] == (4, 1) and adm.pending == 1
     adm.acquire()
     second.settle()
-    assert seen[-1][1] == 1 and seen[-1][6] == 4
+    assert seen[-1][1] == 1 and seen[-1][6:] == (4, 0)
