@@ -53,10 +53,21 @@ from schemas.gateway_settings import AdmissionSettings
 if TYPE_CHECKING:
     from gateway.metrics import Metrics
 
-__all__ = ["PENDING", "Admission", "GradientLimit", "Pending", "Phase", "ShedMiddleware", "Shedder", "settle"]
+__all__ = [
+    "JUDGED",
+    "PENDING",
+    "Admission",
+    "GradientLimit",
+    "Pending",
+    "Phase",
+    "ShedMiddleware",
+    "Shedder",
+    "settle",
+]
 
+JUDGED: Final = "embedgate.judged"  # ASGI scope key: let through at its head by the HTTP protocol (Shedder)
 PENDING: Final = (
-    "embedgate.pending"  # ASGI scope key: the request's Pending, from its judgement at its head (Shedder)
+    "embedgate.pending"  # ASGI scope key: the request's Pending, once its body is in (Shedder.pend)
 )
 
 _LAG_STREAK: Final = 3  # late lag measurements in a row that make the loop count as backlogged
@@ -226,7 +237,7 @@ class Admission:
         self._shown_limit = -1
         self._observers: list[Observer] = []
         self.pending = (
-            0  # requests judged at their head (Shedder) that admission has not counted yet (Pending)
+            0  # requests let through at their head, bodies in, that admission has not counted yet (Pending)
         )
         self._show_limit()
 
@@ -454,10 +465,10 @@ class Admission:
 
 
 class Pending:
-    """A ``/v1/...`` request let through at its head (:meth:`Shedder.refusal`) and not yet counted by admission:
-    counted in :attr:`Admission.pending` until :meth:`settle` (once admission admitted, queued or refused it, or the
-    request ended without that). Admission's room for requests not yet judged is less by these (what the REST gate
-    reads)."""
+    """A ``/v1/...`` request let through at its head (:meth:`Shedder.refusal`) whose body is in and that admission
+    has not counted yet (:meth:`Shedder.pend`): counted in :attr:`Admission.pending` until :meth:`settle` (once
+    admission admitted, queued or refused it, or the request ended without that). The REST gate counts these as on
+    their way to admission. A request whose body is still coming is not pending: a slow sender takes no room."""
 
     __slots__ = ("_admission",)
 
@@ -492,25 +503,28 @@ class Shedder:
     def __init__(self, admission: Admission, metrics: Metrics) -> None:
         self.admission = admission
         self.metrics = metrics
-        # called for each ``/v1/...`` request judged: the native REST gate's ``seen`` while it relays to this server
-        # (it counts the requests it relayed that are on their way here, and refuses those admission would)
+        # called once for each ``/v1/...`` request judged (at its refusal, when its body is in, or when it ended before
+        # that): the native REST gate's ``seen`` while it relays to this server (it counts the requests it relayed
+        # that are on their way to admission, and refuses those admission would)
         self.on_seen: Callable[[], None] | None = None
 
     def refusal(
         self, path: str, scope: MutableMapping[str, Any] | None = None
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
         """(status, headers, body) refusing a request for ``path`` now, counted; None when it may go on. A ``/v1/...``
-        request let through with its ``scope`` gets a :class:`Pending` there (``scope[PENDING]``), which the route
-        settles when admission counted it and :class:`ShedMiddleware` when the request ends."""
+        request let through with its ``scope`` (the HTTP protocol, at its head) is marked :data:`JUDGED` there, so
+        that :class:`ShedMiddleware` does not judge it again, and :meth:`pend` can count it once its body is in."""
         if path[:4].lower() != "/v1/":
+            return None
+        reason = self.admission.saturated()
+        if reason is None:
+            if scope is not None:  # reported to the gate when its body is in or it ends (pend, end)
+                scope[JUDGED] = True
+            elif self.on_seen is not None:
+                self.on_seen()
             return None
         if self.on_seen is not None:
             self.on_seen()
-        reason = self.admission.saturated()
-        if reason is None:
-            if scope is not None:
-                scope[PENDING] = Pending(self.admission)
-            return None
         err = self.admission.refuse(reason)
         self.metrics.rejected.inc()
         self.metrics.requests.labels("_other", "", "other", err.code.name).inc()
@@ -520,24 +534,40 @@ class Shedder:
             headers.append((b"retry-after", str(int(err.retry_after)).encode()))
         return err.http_status, headers, body
 
+    def pend(self, scope: MutableMapping[str, Any]) -> None:
+        """The request of ``scope`` has its body in (the HTTP protocol, at its end): if it was let through at its
+        head it is :class:`Pending` until admission counts it (the route settles it) or it ends (ShedMiddleware)."""
+        if scope.get(JUDGED) and PENDING not in scope:
+            scope[PENDING] = Pending(self.admission)
+            if self.on_seen is not None:
+                self.on_seen()
+
+    def end(self, scope: MutableMapping[str, Any]) -> None:
+        """The request of ``scope`` ended (ShedMiddleware): settle its :class:`Pending`; one let through at its head
+        whose body never came in is reported to the gate now; a body completing after this makes nothing pending."""
+        if scope.get(JUDGED) and PENDING not in scope and self.on_seen is not None:
+            self.on_seen()
+        settle(scope)
+        scope[PENDING] = None
+
 
 class ShedMiddleware:
     """ASGI middleware answering :class:`Shedder`'s refusals (outermost, so that they cost least), for the requests
-    the HTTP protocol did not let through at their head (uvicorn's h11 protocol, pipelined requests); it settles the
-    request's :class:`Pending` when the request ends."""
+    the HTTP protocol did not let through at their head (:data:`JUDGED`; uvicorn's h11 protocol, pipelined
+    requests); it settles the request's :class:`Pending` when the request ends."""
 
     def __init__(self, app: ASGIApp, shedder: Shedder) -> None:
         self.app = app
         self.shedder = shedder
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        judge = scope["type"] == "http" and PENDING not in scope
-        refusal = self.shedder.refusal(scope["path"], scope) if judge else None
+        judge = scope["type"] == "http" and not scope.get(JUDGED)
+        refusal = self.shedder.refusal(scope["path"]) if judge else None
         if refusal is None:
             try:
                 await self.app(scope, receive, send)
             finally:
-                settle(scope)
+                self.shedder.end(scope)
             return
         status, headers, body = refusal
         await send({"type": "http.response.start", "status": status, "headers": headers})

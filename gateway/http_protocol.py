@@ -86,8 +86,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             and self._idle()
             and not self.parser.should_upgrade()  # an Upgrade goes the ordinary way, refused by the middleware
         ):
-            # None for a path it never refuses; a /v1/ request let through gets its Pending in the scope, so that
-            # ShedMiddleware does not judge it again
+            # None for a path it never refuses; a /v1/ request let through is marked judged in its scope (Shedder)
             refusal = self._shedder.refusal(self.url.decode("latin-1"), self.scope)  # type: ignore[arg-type]
             if refusal is not None:
                 self._refuse(*refusal)
@@ -100,6 +99,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         if not self._refused:
+            if self._shedder is not None:
+                self._shedder.pend(self.scope)  # type: ignore[arg-type]  # its body is in: pending if judged
             super().on_message_complete()
         elif self.timeout_keep_alive_task is None and not self.transport.is_closing():
             # its body's reads cancelled the keep-alive timer the refusal armed

@@ -50,7 +50,8 @@ struct State {
     // admission; and the `/v1/` requests relayed and not yet answered, which bound it (see `admit`)
     unseen: AtomicI64,
     outstanding: AtomicI64,
-    refused: [AtomicU64; 3],   // queue_full, loop_lag, rest_gate
+    uploading: AtomicI64, // of those not yet judged, the ones whose body is still coming up (not on their way yet)
+    refused: [AtomicU64; 3], // queue_full, loop_lag, rest_gate
     status_line: &'static str, // "429 Too Many Requests" or "503 Service Unavailable"
     retry_after: u32,
     upstream: PathBuf,
@@ -68,11 +69,11 @@ impl State {
             return Some(refusal);
         }
         let adm = &self.adm;
-        let on_way = self
+        let unseen = self
             .unseen
             .load(Ordering::Acquire)
-            .min(self.outstanding.load(Ordering::Acquire))
-            .max(0)
+            .min(self.outstanding.load(Ordering::Acquire));
+        let on_way = (unseen - self.uploading.load(Ordering::Acquire)).max(0)
             + adm.pending.load(Ordering::Relaxed).max(0);
         if on_way > 0 {
             let (in_flight, waiting) = (
@@ -135,22 +136,32 @@ impl State {
     }
 }
 
-/// A `/v1/` request relayed and not yet answered, counted on its way to admission until the Python server says it
-/// judged one (`RestGate.seen`). When none is left unanswered nothing can be on its way: the count starts again from
-/// 0, so a request the server never reported (a tunnelled one reported instead, a head it never read) cannot leave
-/// it high.
-struct OnTheWay(Arc<State>);
+/// A `/v1/` request relayed and not yet answered, counted as not yet judged by the Python server until it reports
+/// one (`RestGate.seen`: when it refused one at its head, or one's body is in, or one ended before that), and as on
+/// its way to admission once its body is up (`up`): a slow sender is not. When none is left unanswered nothing can
+/// be on its way: the count starts again from 0, so a request the server never reported (a tunnelled one reported
+/// instead, a head it never read) cannot leave it high.
+struct OnTheWay(Arc<State>, bool);
 
 impl OnTheWay {
     fn new(st: Arc<State>) -> OnTheWay {
         st.outstanding.fetch_add(1, Ordering::AcqRel);
         st.unseen.fetch_add(1, Ordering::AcqRel);
-        OnTheWay(st)
+        st.uploading.fetch_add(1, Ordering::AcqRel);
+        OnTheWay(st, true)
+    }
+
+    /// Its body is up.
+    fn up(&mut self) {
+        if std::mem::replace(&mut self.1, false) {
+            self.0.uploading.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
 impl Drop for OnTheWay {
     fn drop(&mut self) {
+        self.up();
         if self.0.outstanding.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.unseen.store(0, Ordering::Release);
         }
@@ -499,7 +510,7 @@ impl Conn {
         }
         let (ur, uw) = self.up.as_mut().expect("connected above");
         let in_buf = (req.body_len.min((self.buf.len() - req.head_len) as u64)) as usize;
-        let _way = req.guarded.then(|| OnTheWay::new(self.st.clone()));
+        let mut way = req.guarded.then(|| OnTheWay::new(self.st.clone()));
         uw.write_all(&self.buf[..req.head_len + in_buf]).await?;
         self.buf.drain(..req.head_len + in_buf);
         let mut left = req.body_len - in_buf as u64;
@@ -511,6 +522,9 @@ impl Conn {
         // watched: if it goes away the upstream connection is dropped, so the server sees the request abandoned.
         let sending = async {
             forward_body(cr, uw, buf, &mut left).await?;
+            if let Some(w) = way.as_mut() {
+                w.up();
+            }
             st.relayed.fetch_add(1, Ordering::AcqRel);
             slot = Some(Slot(st.clone()));
             watch_client(cr, buf).await
@@ -659,6 +673,7 @@ impl RestGate {
             relayed: AtomicI64::new(0),
             unseen: AtomicI64::new(0),
             outstanding: AtomicI64::new(0),
+            uploading: AtomicI64::new(0),
             refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
             status_line,
             retry_after,
@@ -862,6 +877,7 @@ mod tests {
             relayed: AtomicI64::new(0),
             unseen: AtomicI64::new(0),
             outstanding: AtomicI64::new(0),
+            uploading: AtomicI64::new(0),
             refused: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
             status_line: "429 Too Many Requests",
             retry_after: 1,
@@ -915,7 +931,9 @@ mod tests {
         // admission holds 2 + 1 of its room of 5, and one request is judged but not yet counted
         st.adm.set(crate::gate::OPEN, 2, 2, 1, 0, 100, (5, 1));
         assert!(st.admit().is_none());
-        let first = OnTheWay::new(st.clone()); // one on its way fills the room
+        let mut first = OnTheWay::new(st.clone());
+        assert!(st.admit().is_none()); // its body still coming: not on its way yet
+        first.up(); // one on its way fills the room
         let (why, text) = st.admit().expect("room full");
         assert_eq!(why, 2);
         assert_eq!(
@@ -926,7 +944,8 @@ mod tests {
         st.unseen.fetch_sub(1, Ordering::AcqRel); // the server judged it (`seen`)
         assert!(st.admit().is_none());
         // counted but never reported: it no longer counts once nothing relayed is unanswered
-        let second = OnTheWay::new(st.clone());
+        let mut second = OnTheWay::new(st.clone());
+        second.up();
         st.unseen.fetch_add(5, Ordering::AcqRel);
         assert!(st.admit().is_some());
         drop(first);

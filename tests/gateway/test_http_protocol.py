@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from gateway.admission import PENDING, Pending, Shedder, settle
+from gateway.admission import JUDGED, PENDING, Pending, Shedder, settle
 from gateway.metrics import Metrics
 from gateway.servers import limit_options
 from schemas.gateway_settings import GatewaySettings
@@ -139,6 +139,9 @@ async def test_the_refusal_is_written_before_the_app_sees_the_request() -> None:
         ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
             return (429, [(b"content-length", b"2")], b"no") if path.startswith("/v1/") else None
 
+        def pend(self, scope: object) -> None:
+            pass
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
@@ -161,21 +164,43 @@ def test_the_shedder_only_refuses_v1_paths_while_saturated() -> None:
     metrics = Metrics()
     adm = Admission(1, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=0), metrics)
     shed = Shedder(adm, metrics)
-    assert shed.refusal("/v1/models/m:predict") is None
-    # let through with its scope: pending until admission counts it (the route) or the request ends (middleware)
+    reported: list[int] = []  # the REST gate's `seen`: once per /v1 request judged, whatever becomes of it
+    shed.on_seen = lambda: reported.append(1)
+    assert (
+        shed.refusal("/v1/models/m:predict") is None
+    )  # judged without a scope (the middleware): reported now
+    assert len(reported) == 1
+    # let through with its scope: judged; pending once its body is in, until admission counts it (the route) or the
+    # request ends (the middleware, after which a body completing makes nothing pending)
     scope: dict[str, object] = {}
     assert shed.refusal("/v1/models/m:predict", scope) is None
-    assert adm.pending == 1 and isinstance(scope[PENDING], Pending)
+    assert scope == {JUDGED: True} and adm.pending == 0  # a slow sender's body is still coming: not pending
+    assert len(reported) == 1  # not yet: its body is still coming
+    shed.pend(scope)
+    assert adm.pending == 1 and isinstance(scope[PENDING], Pending) and len(reported) == 2
     settle(scope)
     settle(dict(scope))  # a copy of the scope holds the same Pending: counted once
+    shed.pend(scope)  # never pending twice
     assert adm.pending == 0
+    shed.end(scope)
+    assert len(reported) == 2  # reported once
+    ended: dict[str, object] = {JUDGED: True, PENDING: None}
+    shed.pend(ended)
+    assert adm.pending == 0
+    early: dict[str, object] = {}
+    assert shed.refusal("/v1/models/m:predict", early) is None
+    shed.end(early)  # ended before its body was in: reported at its end, never pending
+    shed.pend(early)
+    assert len(reported) == 3 and adm.pending == 0
     scope = {}
-    assert shed.refusal("/healthz", scope) is None and scope == {}  # never judged, never pending
+    assert shed.refusal("/healthz", scope) is None
+    shed.pend(scope)
+    assert scope == {} and adm.pending == 0  # never judged, never pending
     adm.acquire()
     assert shed.refusal("/healthz") is None
     refusal = shed.refusal("/V1/models/m:predict", scope)
     assert refusal is not None and refusal[0] == 429
-    assert adm.pending == 0 and scope == {}
+    assert adm.pending == 0 and scope == {} and len(reported) == 4  # refused: reported at once
 
 
 @pytest.mark.parametrize("parser", ["httptools", "h11"])
@@ -212,3 +237,47 @@ async def test_an_upgrade_request_is_not_refused_by_the_protocol() -> None:
         )
         status, _, _ = await _response(reader)
         assert status == 403
+
+
+async def test_a_request_is_pending_from_its_whole_body_to_its_admission_or_end() -> None:
+    """Through the real protocol and ShedMiddleware: a /v1 request is pending (``Admission.pending``) only once its
+    body is in and until the app settles it or the request ends; one the app answered before its body was in (a 401)
+    leaves nothing pending when the rest of the body comes."""
+    from gateway.admission import Admission, ShedMiddleware
+    from schemas.gateway_settings import AdmissionSettings
+
+    settings = _settings()
+    metrics = Metrics()
+    adm = Admission(4, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=0), metrics)
+    shed = Shedder(adm, metrics)
+    pending_seen: list[int] = []
+
+    async def inner(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"].endswith(":early"):  # answers before reading its body
+            status = 401
+        else:
+            while (await receive()).get("more_body"):
+                pass
+            pending_seen.append(adm.pending)  # the route's admission would settle it here
+            settle(scope)
+            status = 200
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    app = ShedMiddleware(inner, shed)
+    app.state = SimpleNamespace(runtime=SimpleNamespace(settings=settings), shedder=shed)  # type: ignore[attr-defined]
+    async with _serving(app, settings) as port, _connection(port) as (reader, writer):
+        writer.write(_predict(b'{"instances": [1]}'))
+        assert (await _response(reader))[0] == 200
+        assert pending_seen == [1] and adm.pending == 0
+        early = b'{"instances": [1]}'
+        head = _predict(early).replace(b"m:predict", b"m:early")
+        writer.write(head[: -len(early)] + early[:3])  # the head and part of the body
+        assert (await _response(reader))[0] == 401
+        writer.write(early[3:])  # the rest comes after the answer
+        await writer.drain()
+        writer.write(_predict(b"{}"))
+        assert (await _response(reader))[0] == 200
+        assert pending_seen == [1, 1] and adm.pending == 0

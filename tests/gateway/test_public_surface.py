@@ -50,6 +50,7 @@ SURFACE = {
         "load_settings",
     ],
     "gateway.admission": [
+        "JUDGED",
         "PENDING",
         "Admission",
         "GradientLimit",
