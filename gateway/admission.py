@@ -66,9 +66,8 @@ __all__ = [
 ]
 
 JUDGED: Final = "embedgate.judged"  # ASGI scope key: let through at its head by the HTTP protocol (Shedder)
-PENDING: Final = (
-    "embedgate.pending"  # ASGI scope key: the request's Pending, once its body is in (Shedder.pend)
-)
+# ASGI scope key: the request's Pending, once its body is in (Shedder.pend); None once the request ended
+PENDING: Final = "embedgate.pending"
 
 _LAG_STREAK: Final = 3  # late lag measurements in a row that make the loop count as backlogged
 _MIN_GRADIENT: Final = 0.5
@@ -236,9 +235,8 @@ class Admission:
         self._clock = clock
         self._shown_limit = -1
         self._observers: list[Observer] = []
-        self.pending = (
-            0  # requests let through at their head, bodies in, that admission has not counted yet (Pending)
-        )
+        # requests let through at their head whose body is in and that admission has not counted yet (Pending)
+        self.pending = 0
         self._show_limit()
 
     def observe(self, observer: Observer) -> None:
@@ -261,9 +259,10 @@ class Admission:
         (without it a gRPC refusal took 14 ms at 1.5x capacity, not 0.5); the margin is for the requests it has
         relayed that admission has not seen yet (without it a closed loop of 16 clients was refused while the limit
         was measured); the room, the requests admission holds at most (the limit plus :attr:`queue_room`); and the
-        requests judged at their head and not yet counted (:attr:`pending`). The REST gate refuses a request that the
-        requests held, those pending and those it relayed and not yet judged would leave no room for: admission would
-        refuse it on arrival, at about three times the CPU."""
+        requests let through at their head whose body is in and that admission has not counted yet (:attr:`pending`).
+        The REST gate refuses a request that the requests held, those pending and those whose body it sent up and that
+        are not yet reported (:attr:`Shedder.on_seen`) would leave no room for: admission would refuse it on arrival,
+        at about three times the CPU."""
         if not self._observers:
             return
         reason = self._reason()
