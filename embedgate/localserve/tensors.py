@@ -51,7 +51,10 @@ def decode_tensor(proto: tensor_pb2.TensorProto) -> np.ndarray:
     content = _content_view(proto)
     if content is not None:
         return content
-    value: np.ndarray = tf.make_ndarray(proto)
+    try:
+        value: np.ndarray = tf.make_ndarray(proto)
+    except KeyError:  # TF has no numpy type for it (a reference dtype such as DT_RESOURCE_REF, 120)
+        raise TypeError(f"cannot decode a tensor of dtype {dtype_name(proto.dtype)}") from None
     return value
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework import tensor_pb2
 
 from embedgate.localserve.tensors import decode_tensor, dtype_name, encode_tensor, shape_compatible
 
@@ -44,3 +45,11 @@ def test_names_and_shapes() -> None:
     ]  # fmt: skip
     assert shape_compatible((2, 3), [-1, 3]) and shape_compatible((2,), None)
     assert not shape_compatible((2,), [-1, 1]) and not shape_compatible((2, 4), [-1, 3])
+
+
+def test_a_dtype_numpy_cannot_hold_is_a_type_error() -> None:
+    """A reference dtype (DT_RESOURCE_REF, 120) has no numpy type: TypeError naming it, as for other bad protos."""
+    proto = tensor_pb2.TensorProto(dtype=120)
+    proto.tensor_shape.dim.add(size=1)
+    with pytest.raises(TypeError, match="cannot decode a tensor of dtype resource_ref"):
+        decode_tensor(proto)
