@@ -95,7 +95,7 @@ pub(crate) struct AdmissionState {
     lag_ms: AtomicI64,               // how late its loop runs
     pub(crate) capacity: AtomicI64,  // requests a gate may relay at once
     pub(crate) room: AtomicI64, // requests admission holds at most (limit plus queue room); REST gate only
-    pub(crate) pending: AtomicI64, // judged by the Python server, not yet counted by admission; REST gate only
+    pub(crate) pending: AtomicI64, // let through by the Python server, body in, not yet admitted; REST gate only
     pub(crate) max_in_flight: i64,
     max_lag_text: String, // admission.max_loop_lag_s as the gateway words it
 }

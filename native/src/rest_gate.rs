@@ -46,11 +46,11 @@ const MAX_PIPELINED: usize = 1 << 20; // bytes read ahead from a client while it
 struct State {
     adm: AdmissionState, // what the gateway's admission published
     relayed: AtomicI64,  // relayed, body up, answer not yet relayed back
-    // `/v1/` requests whose head went up and that the Python server has not yet judged (`seen`): on their way to its
-    // admission; and the `/v1/` requests relayed and not yet answered, which bound it (see `admit`)
+    // `/v1/` requests whose head went up and that the Python server has not yet reported (`seen`); and the `/v1/`
+    // requests relayed and not yet answered, which bound it (see `admit`)
     unseen: AtomicI64,
     outstanding: AtomicI64,
-    uploading: AtomicI64, // of those not yet judged, the ones whose body is still coming up (not on their way yet)
+    uploading: AtomicI64, // of those not yet reported, the ones whose body is still coming up (not on their way yet)
     refused: [AtomicU64; 3], // queue_full, loop_lag, rest_gate
     status_line: &'static str, // "429 Too Many Requests" or "503 Service Unavailable"
     retry_after: u32,
@@ -730,7 +730,8 @@ impl RestGate {
         );
     }
 
-    /// The Python server judged a `/v1/` request (`gateway.admission.Shedder`, at its head): one fewer on its way.
+    /// The Python server reported a `/v1/` request (`gateway.admission.Shedder`: refused at its head, its body in,
+    /// or ended before that): one fewer not yet reported.
     fn seen(&self) {
         let _ = self
             .st
@@ -740,7 +741,8 @@ impl RestGate {
             });
     }
 
-    /// `/v1/` requests relayed that the Python server has not yet judged (as `admit` counts them).
+    /// `/v1/` requests relayed that the Python server has not yet reported, at most those unanswered (`admit` counts
+    /// those of them whose body is up as on their way).
     #[getter]
     fn unseen(&self) -> i64 {
         self.st
