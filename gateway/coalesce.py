@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ from gateway.features import FeatureBatch, SparseInput
 
 __all__ = ["Coalescer", "merge_batches", "split_outputs"]
 
-Outputs = tuple[dict[str, np.ndarray], str]
+Outputs = tuple[Mapping[str, np.ndarray], str]
 RunFn = Callable[[FeatureBatch, "VersionSpec", float], Awaitable[Outputs]]
 CallLater = Callable[[float, Callable[[], None]], Any]
 
@@ -60,7 +60,7 @@ def merge_batches(batches: list[FeatureBatch]) -> FeatureBatch:
     return FeatureBatch(size=sum(b.size for b in batches), sparse=sparse, dense=dense)
 
 
-def split_outputs(outputs: dict[str, np.ndarray], sizes: list[int]) -> list[dict[str, np.ndarray]] | None:
+def split_outputs(outputs: Mapping[str, np.ndarray], sizes: list[int]) -> list[dict[str, np.ndarray]] | None:
     """Per request, its rows of every output; None when an output has no leading batch dimension."""
     total = sum(sizes)
     if any(a.ndim == 0 or a.shape[0] != total for a in outputs.values()):

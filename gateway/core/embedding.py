@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from gateway.backends.client import BackendClient, ReplicaSet
 from gateway.cache import CachedRowSource, RowSource, ShardRows
@@ -47,12 +48,41 @@ if TYPE_CHECKING:
 __all__ = ["EmbeddingServable"]
 
 
+class EntryAnswer(Mapping[str, np.ndarray]):
+    """The entry's answer to one run, kept as the entry sent it: ``wire`` (its serialized PredictResponse) and
+    ``protos`` (its output tensors, parsed once). Read as arrays (a ``Mapping`` of them) only by what needs arrays
+    (a coalesced run split per request, classify and regress); a Predict of this run alone answers with the entry's
+    own tensors (and a gRPC front relays ``wire``), never decoded into numpy and encoded again."""
+
+    __slots__ = ("_arrays", "protos", "wire")
+
+    def __init__(self, wire: bytes, resp: tfs_pb2.PredictResponse) -> None:
+        # relayed as it is unless the entry named a version label (a built reply carries none), as pass-through does
+        self.wire = wire if resp.model_spec.WhichOneof("version_choice") != "version_label" else None
+        self.protos: Mapping[str, tfs_pb2.TensorProto] = resp.outputs
+        self._arrays: dict[str, np.ndarray] | None = None
+
+    def _all(self) -> dict[str, np.ndarray]:
+        if self._arrays is None:
+            self._arrays = {k: _ndarray(t) for k, t in self.protos.items()}
+        return self._arrays
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self._all()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self.protos)
+
+
 @dataclass(frozen=True, eq=False)
 class _Served:
     """One request's entry outputs, the version that answered ("" if unknown), the feature batch they were computed
     from, and why the answer is degraded (None: it is not)."""
 
-    outputs: dict[str, np.ndarray]
+    outputs: Mapping[str, np.ndarray]
     answered: str
     batch: FeatureBatch
     degraded: str | None
@@ -148,7 +178,7 @@ class EmbeddingServable(Servable):
 
     async def run(
         self, batch: FeatureBatch, spec: VersionSpec, deadline: float, manifest: Manifest | None = None
-    ) -> tuple[dict[str, np.ndarray], str]:
+    ) -> tuple[Mapping[str, np.ndarray], str]:
         """Entry outputs (+ the version that answered, "" if unknown) for ``batch``, every backend call at ``spec``:
         through the coalescer when one is set (concurrent requests share one lookup per shard and one entry call),
         else :meth:`run_now`. ``manifest``: the one ``batch`` was parsed with (default: ``spec``'s version's)."""
@@ -158,7 +188,7 @@ class EmbeddingServable(Servable):
 
     async def run_now(
         self, batch: FeatureBatch, spec: VersionSpec, deadline: float, manifest: Manifest | None = None
-    ) -> tuple[dict[str, np.ndarray], str]:
+    ) -> tuple[EntryAnswer, str]:
         """Lookups (``rows``: every shard with ids, concurrently, or the cache), then the entry's Predict: with the
         rows pooled per feature (``pooled`` entry) or with each distinct row once plus indices (``unique_rows``
         entry, :func:`gateway.embedding.unique_inputs`; the entry pools)."""
@@ -188,11 +218,14 @@ class EmbeddingServable(Servable):
         head = tfs_pb2.PredictRequest(model_spec=spec_msg).SerializeToString()
         return rows.cached_entry_request(head, batch, manifest, _ps_spec(spec, manifest))
 
-    async def _entry(self, req: bytes, deadline: float) -> tuple[dict[str, np.ndarray], str]:
-        """The entry's outputs for the serialized request ``req``, and the version that answered."""
-        resp = await self.entry.predict_serialized(req, deadline)
-        outputs = {k: _ndarray(t) for k, t in resp.outputs.items()}
-        return outputs, _version_text(answered_version(resp))
+    async def _entry(self, req: bytes, deadline: float) -> tuple[EntryAnswer, str]:
+        """The entry's answer to the serialized request ``req``, and the version that answered."""
+        raw = await self.entry.predict_bytes(req, deadline)
+        try:
+            resp = tfs_pb2.PredictResponse.FromString(raw)
+        except DecodeError as exc:
+            raise Internal(f"entry of {self.name} sent an unreadable PredictResponse: {exc}") from None
+        return EntryAnswer(raw, resp), _version_text(answered_version(resp))
 
     async def _serve(
         self, parse: Callable[[Manifest], FeatureBatch], spec: VersionSpec, deadline: float
@@ -234,8 +267,12 @@ class EmbeddingServable(Servable):
     ) -> PredictResult:
         self._check_signature(signature)
         served = await self._serve(inputs.features, spec, deadline)
-        tensors = {k: from_ndarray(v) for k, v in served.outputs.items()}
-        return PredictResult(tensors, _version_number(served.answered), self.signature, served.degraded)
+        outputs = served.outputs
+        answered = _version_number(served.answered)
+        if isinstance(outputs, EntryAnswer):  # this request's own entry call: its tensors as the entry sent them
+            return PredictResult(outputs.protos, answered, self.signature, served.degraded, wire=outputs.wire)
+        tensors = {k: from_ndarray(v) for k, v in outputs.items()}
+        return PredictResult(tensors, answered, self.signature, served.degraded)
 
     async def _scores(
         self, inp: tfs_pb2.Input, signature: str, spec: VersionSpec, deadline: float

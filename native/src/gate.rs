@@ -678,6 +678,10 @@ impl GrpcGate {
 
     /// The gateway's admission now: `reason` 0 (admits), 1 (queue full) or 2 (loop lagging), its numbers for the
     /// refusal's text, and `capacity`, the relayed calls allowed at once (its limit, queue room and a margin).
+    /// `room` and `pending` are what admission publishes to every observer for the REST gate, which needs them to
+    /// count requests uvicorn has taken but admission not yet seen; this gate stores them and bounds its calls by
+    /// `capacity` alone, because every call it lets through counts in `relayed` from that moment until it is
+    /// answered, so none is on its way to admission uncounted.
     #[pyo3(signature = (reason, in_flight, limit, waiting, lag_ms, capacity, room = i64::MAX, pending = 0))]
     #[allow(clippy::too_many_arguments)]
     fn set_state(

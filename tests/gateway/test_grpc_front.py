@@ -152,6 +152,36 @@ def test_embedding_predict_equals_rest_and_keras(front: Front, demo_artifacts: A
         np.testing.assert_array_equal(_only_output(again), got)
 
 
+def test_embedding_reply_is_the_entrys_answer_relayed(front: Front, demo_artifacts: Any) -> None:
+    """A Predict of an embedding model that had the entry call to itself (no output_filter) is answered with the
+    entry's serialized reply and the client's ModelSpec appended, as a pass-through model's is: the tensors are the
+    entry's bytes, never decoded and encoded again. With output_filter the reply is built; both carry the same
+    tensor bytes and read as the same ModelSpec."""
+    from google.protobuf import empty_pb2
+    from google.protobuf.unknown_fields import UnknownFieldSet
+    from tensorflow_serving.apis import predict_pb2
+
+    def call(req: Any) -> tuple[Any, list[int]]:
+        raw = front.channel.unary_unary("/tensorflow.serving.PredictionService/Predict")(
+            req.SerializeToString(), timeout=_TIMEOUT
+        )
+        fields = [f.field_number for f in UnknownFieldSet(empty_pb2.Empty.FromString(raw))]
+        return predict_pb2.PredictResponse.FromString(raw), fields
+
+    m = demo_artifacts.manifest
+    req = _predict_request(m.model_name, _tensors(demo_artifacts.instances, m))
+    relayed, fields = call(req)
+    assert fields.count(2) == 2, fields  # model_spec twice: the entry's, then the client's name and signature
+    spec = relayed.model_spec
+    assert (spec.name, spec.version.value, spec.signature_name) == (m.model_name, m.version, "serving_default")
+    (name,) = relayed.outputs
+    req.output_filter.append(name)
+    built, fields = call(req)
+    assert fields.count(2) == 1, fields
+    assert built.model_spec == relayed.model_spec
+    assert built.outputs[name].SerializeToString() == relayed.outputs[name].SerializeToString()
+
+
 def test_embedding_ragged_padding_and_weights(front: Front, demo_artifacts: Any) -> None:
     """-1 pads a multi feature; a wider padding, and weights at padded positions, change nothing."""
     import tensorflow as tf
