@@ -269,7 +269,8 @@ class EmbeddingServable(Servable):
         served = await self._serve(inputs.features, spec, deadline)
         outputs = served.outputs
         answered = _version_number(served.answered)
-        if isinstance(outputs, EntryAnswer):  # this request's own entry call: its tensors as the entry sent them
+        # this request's own entry call: its tensors as the entry sent them
+        if isinstance(outputs, EntryAnswer):
             return PredictResult(outputs.protos, answered, self.signature, served.degraded, wire=outputs.wire)
         tensors = {k: from_ndarray(v) for k, v in outputs.items()}
         return PredictResult(tensors, answered, self.signature, served.degraded)
