@@ -1,7 +1,7 @@
 """Hostile clients against a real stack, one class at a time (issue 21): what each does to the gateway and the updater.
 
     .venv/bin/python -m benchmarks.hostile [--quick] [--only CLASS ...] [--front REST|gRPC] [--no-pin]
-        [--write docs/security.md]
+        [--rounds N] [--factors 1.5,3] [--write docs/security.md]
 
 Stack, every part real, each its own process on 127.0.0.1 (free ports, tests/support helpers): the small demo model
 (entry + 2 PS shards), a Kafka broker, serve-local **A** (entry and both shards) and **B** (both shards), the updater
@@ -25,9 +25,10 @@ Classes (REST and gRPC where the class applies), each bounded in count and time,
 * ``gzip_bombs``: 20 concurrent REST bodies of 1 GiB of zeros gzipped to about 1 MB (valid token).
 * ``overload_1.5x`` / ``overload_3x``: open-loop load at 1.5x and 3x the capacity measured just before (closed loop,
   the better of 16 and 64 clients): vegeta (REST) and ghz (gRPC, with up to 3 s of calls in flight, one connection
-  per client up to 64) from ``.cache/go-bin`` (``make bench-tools``). Goodput is answers OK per second / capacity,
-  the capacity being the better of the measurements before and after the two runs (the machine is shared); the
-  median latency of the 429 / RESOURCE_EXHAUSTED answers and the p99 of the OK ones, with the load average, the
+  per client up to 64) from ``.cache/go-bin`` (``make bench-tools``), in ``--rounds`` interleaved rounds (default 3:
+  capacity, 1.5x, 3x, capacity, 1.5x, 3x, capacity, ...). Goodput is answers OK per second / capacity, the capacity
+  being the better of the measurements just before and just after the run (the machine is shared); each row gives
+  the median over the rounds with their [min-max] and the median round's own figures; the median latency of the 429 / RESOURCE_EXHAUSTED answers and the p99 of the OK ones, with the load average, the
   gateway's CPU during the run (share of a core and ms per request sent, from /proc), the p50 / p99 inside the
   gateway (the bucket bounds of its own ``embedgate_request_duration_seconds`` for the model's predicts, any outcome:
   what the client saw beyond it was spent before the gateway's code ran) and of its backend calls
@@ -228,6 +229,51 @@ def overload_result(
     )
 
 
+def _spread(values: Sequence[float], fmt: str, unit: str) -> str:
+    """``median [min-max]`` of ``values`` (one value: itself)."""
+    med = float(np.median(values))
+    if len(values) == 1:
+        return f"{med:{fmt}}{unit}"
+    return f"{med:{fmt}}{unit} [{min(values):{fmt}}-{max(values):{fmt}}]"
+
+
+def combine_rounds(rounds: Sequence[ClassResult]) -> ClassResult:
+    """One overload row from the same class's rows of interleaved rounds: goodput, 429 median and accepted p99 are
+    the medians of the rounds (their spread in the text), the longest /healthz stall and every 5xx or INTERNAL /
+    UNKNOWN of any round count, and the text ends with the median round's own (by goodput)."""
+    if len(rounds) == 1:
+        return rounds[0]
+    first = rounds[0]
+
+    def total(values: list[int | None]) -> int | None:
+        return None if any(v is None for v in values) else sum(v or 0 for v in values)
+
+    goodputs = [r.goodput for r in rounds if r.goodput is not None]
+    sheds = [r.shed_p50_ms for r in rounds if r.shed_p50_ms is not None]
+    p99s = [r.ok_p99_ms for r in rounds if r.ok_p99_ms is not None]
+    by_goodput = sorted(rounds, key=lambda r: r.goodput if r.goodput is not None else 0.0)
+    median_round = by_goodput[(len(rounds) - 1) // 2]
+    parts = [f"{len(rounds)} rounds, median [min-max]:"]
+    if goodputs:
+        parts.append(f"goodput {_spread(goodputs, '.2f', 'x')},")
+    parts.append(f"429 median {_spread(sheds, '.1f', ' ms') if sheds else 'none'},")
+    parts.append(f"accepted p99 {_spread(p99s, '.0f', ' ms') if p99s else 'none'};")
+    parts.append(f"the median round ({rounds.index(median_round) + 1}): {median_round.outcome}")
+    return ClassResult(
+        first.name,
+        first.front,
+        sum(r.requests for r in rounds),
+        five_xx=total([r.five_xx for r in rounds]),
+        internal_unknown=total([r.internal_unknown for r in rounds]),
+        healthz_ms=max(r.healthz_ms for r in rounds),
+        outcome=" ".join(parts),
+        problems=[p for r in rounds for p in r.problems],
+        goodput=float(np.median(goodputs)) if goodputs else None,
+        shed_p50_ms=float(np.median(sheds)) if sheds else None,
+        ok_p99_ms=float(np.median(p99s)) if p99s else None,
+    )
+
+
 # ---- the /healthz prober --------------------------------------------------------------------------------------------
 
 
@@ -321,6 +367,8 @@ class Stack:
     gateway_extra: dict[str, Any] = field(default_factory=dict)  # more gateway settings (--gateway-set)
     # the overload class's offered loads, x the capacity measured before (--factors); goodput is judged from 1.5x on
     factors: tuple[float, ...] = (1.5, 3.0)
+    # the overload class's interleaved rounds (--rounds): each offers every factor, with the capacity measured between
+    rounds: int = 3
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     manifest: Any = None
@@ -1157,8 +1205,11 @@ def _load() -> str:
 
 
 async def overload(st: Stack, probe: HealthzProbe) -> list[ClassResult]:
-    """Per front: capacity (closed loop at 16 and at 64 clients, the best of them), then open loop at 1.5x and 3x,
-    then the capacity again; one /healthz span per open-loop run. Pinned with ``st.pin`` (:func:`_pinned`)."""
+    """Per front, ``st.rounds`` interleaved rounds: the capacity (closed loop at 16 and at 64 clients, the best of
+    them) measured before the first round and after each, and in each round open loop at every factor (1.5x and 3x)
+    of the capacity measured last; each run is judged against the better of the capacities measured just before and
+    just after it, and the rounds are combined by :func:`combine_rounds`. One /healthz span per open-loop run. Pinned
+    with ``st.pin`` (:func:`_pinned`)."""
     if _tool("vegeta") is None or _tool("ghz") is None:
         _say("vegeta / ghz missing from .cache/go-bin (make bench-tools): overload classes skipped")
         return []
@@ -1203,9 +1254,15 @@ async def _overload_front(
     async def capacity(when: str) -> float:
         best = 0.0
         for clients in _CAPACITY_CLIENTS:
+            cpu0, t0 = st.gateway_cpu_s(), time.monotonic()
             codes, _ = await asyncio.to_thread(run, 0, cap_s, clients)
+            cpu, wall = st.gateway_cpu_s() - cpu0, time.monotonic() - t0
             got = _capacity(codes, cap_s)
-            _say(f"{front} capacity {when}, {clients} clients: {got:.0f}/s ({_hist(codes)}; {_load()})")
+            per_ok = 1000 * cpu / max(1, codes.count("OK"))
+            _say(
+                f"{front} capacity {when}, {clients} clients: {got:.0f}/s ({_hist(codes)}; gateway CPU "
+                f"{cpu / wall:.2f} of a core, {per_ok:.2f} ms per OK answer; {_load()})"
+            )
             best = max(best, got)
             await asyncio.sleep(1)
         return best
@@ -1215,46 +1272,57 @@ async def _overload_front(
     # connection pools still growing), so "1.5x" offered 0.84x of the capacity.
     await asyncio.to_thread(run, 0, cap_s, max(_CAPACITY_CLIENTS))
     await asyncio.sleep(1)
-    before = await capacity("before")
+    caps = [await capacity("before round 1")]
     await asyncio.sleep(1)  # let the gateway settle (adaptive limit) between runs
-    runs: list[tuple[float, list[str], list[float], float, str]] = []
-    for factor in st.factors:
-        shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
-        late0 = st.metric("embedgate_requests_total", _LATE)
-        cpu0, t0, b0 = st.gateway_cpu_s(), time.monotonic(), st.latency_buckets()
-        k0 = st.latency_buckets(_BACKEND_HIST)
-        with probe.span(spans):
-            codes, lat = await asyncio.to_thread(run, factor * before, seconds, 256)
-        cpu, wall = st.gateway_cpu_s() - cpu0, time.monotonic() - t0
-        routed = {k: v - b0.get(k, 0.0) for k, v in st.latency_buckets().items()}
-        inside = f"{_bucket_quantile(routed, 0.5)} / {_bucket_quantile(routed, 0.99)}"
-        calls = {k: v - k0.get(k, 0.0) for k, v in st.latency_buckets(_BACKEND_HIST).items()}
-        backend = f"{_bucket_quantile(calls, 0.5)} / {_bucket_quantile(calls, 0.99)}"
-        shed = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) - v for k, v in shed0.items()}
-        late = st.metric("embedgate_requests_total", _LATE) - late0
-        gw = (
-            f"; gateway: shed {', '.join(f'{n:.0f} {k}' for k, n in shed.items())}, of them {late:.0f} once "
-            f"routed (after the body), admission limit "
-            f"{st.metric('embedgate_admission_limit'):.0f} at the end, CPU {cpu / wall:.2f} of a core "
-            f"({1000 * cpu / max(1, len(codes)):.2f} ms per request sent), p50 / p99 inside the gateway (routed "
-            f"predicts, any outcome) <= {inside}, backend calls p50 / p99 <= {backend}; {_load()}; {how}"
-        )
-        runs.append((factor, codes, lat, spans[-1], gw))
-        await asyncio.sleep(2)
-    after = await capacity("after")
-    capacity_rps = max(
-        before, after
-    )  # the machine is shared: judge against the better of the two measurements
-    _say(f"{front} capacity after the runs {after:.0f}/s; judged against {capacity_rps:.0f}/s")
+    # per factor, per round: (codes, latencies, /healthz stall, the gateway's side, offered rate)
+    runs: dict[float, list[tuple[list[str], list[float], float, str, float]]] = {f: [] for f in st.factors}
+    for r in range(st.rounds):
+        for factor in st.factors:
+            offered = factor * caps[-1]
+            shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
+            late0 = st.metric("embedgate_requests_total", _LATE)
+            cpu0, t0, b0 = st.gateway_cpu_s(), time.monotonic(), st.latency_buckets()
+            k0 = st.latency_buckets(_BACKEND_HIST)
+            with probe.span(spans):
+                codes, lat = await asyncio.to_thread(run, offered, seconds, 256)
+            cpu, wall = st.gateway_cpu_s() - cpu0, time.monotonic() - t0
+            routed = {k: v - b0.get(k, 0.0) for k, v in st.latency_buckets().items()}
+            inside = f"{_bucket_quantile(routed, 0.5)} / {_bucket_quantile(routed, 0.99)}"
+            calls = {k: v - k0.get(k, 0.0) for k, v in st.latency_buckets(_BACKEND_HIST).items()}
+            backend = f"{_bucket_quantile(calls, 0.5)} / {_bucket_quantile(calls, 0.99)}"
+            shed = {
+                k: st.metric("embedgate_admission_shed_total", {"reason": k}) - v for k, v in shed0.items()
+            }
+            late = st.metric("embedgate_requests_total", _LATE) - late0
+            gw = (
+                f"; gateway: shed {', '.join(f'{n:.0f} {k}' for k, n in shed.items())}, of them {late:.0f} once "
+                f"routed (after the body), admission limit "
+                f"{st.metric('embedgate_admission_limit'):.0f} at the end, CPU {cpu / wall:.2f} of a core "
+                f"({1000 * cpu / max(1, len(codes)):.2f} ms per request sent, "
+                f"{1000 * cpu / max(1, codes.count('OK')):.2f} per OK answer), p50 / p99 inside the gateway (routed "
+                f"predicts, any outcome) <= {inside}, backend calls p50 / p99 <= {backend}; {_load()}; {how}"
+            )
+            runs[factor].append((codes, lat, spans[-1], gw, offered))
+            await asyncio.sleep(2)
+        caps.append(await capacity(f"after round {r + 1}"))
+        await asyncio.sleep(1)
+    _say(f"{front} capacities: {', '.join(f'{c:.0f}/s' for c in caps)}")
     results: list[ClassResult] = []
-    for factor, codes, lat, healthz_ms, gw in runs:
-        r = overload_result(f"overload_{factor:g}x", front, codes, lat, seconds, capacity_rps)
-        if factor < _JUDGED_FROM:  # below the issue's overloads: goodput shown, not judged
-            r.goodput = None
-        r.healthz_ms = healthz_ms
-        r.outcome = f"offered {factor * before:,.0f}/s; " + r.outcome + gw
-        results.append(r)
-        _say(f"{r.name} {front}: {r.outcome}")
+    for factor, per_round in runs.items():
+        rows: list[ClassResult] = []
+        for r, (codes, lat, healthz_ms, gw, offered) in enumerate(per_round):
+            # the machine is shared: judge against the better of the capacities measured around the run
+            judged = max(caps[r], caps[r + 1])
+            row = overload_result(f"overload_{factor:g}x", front, codes, lat, seconds, judged)
+            if factor < _JUDGED_FROM:  # below the issue's overloads: goodput shown, not judged
+                row.goodput = None
+            row.healthz_ms = healthz_ms
+            row.outcome = f"offered {offered:,.0f}/s; " + row.outcome + gw
+            _say(f"{row.name} {front} round {r + 1}: {row.outcome}")
+            rows.append(row)
+        combined = combine_rounds(rows)
+        _say(f"{combined.name} {front}: {combined.outcome}")
+        results.append(combined)
     return results
 
 
@@ -1373,7 +1441,7 @@ CLASSES: Final[dict[str, Runner]] = {
     "replica_kill_heal": replica_kill_heal,
     "json_deltas": json_deltas,  # last: on a gateway/updater without the fix it kills the updater for good
 }
-_LIMIT_S: Final = {"overload": 240.0, "error_strings": 240.0, "replica_kill_heal": 120.0}
+_LIMIT_S: Final = {"overload": 120.0, "error_strings": 240.0, "replica_kill_heal": 120.0}
 
 
 async def _run(st: Stack, names: Sequence[str]) -> list[ClassResult]:
@@ -1382,6 +1450,8 @@ async def _run(st: Stack, names: Sequence[str]) -> list[ClassResult]:
         for name in names:
             _say(f"class {name} ...")
             limit = _LIMIT_S.get(name, 120.0)
+            if name == "overload":  # about 25 s per load run and its capacity share, per front and round
+                limit += 25.0 * len(st.fronts) * st.rounds * len(st.factors)
             spans: list[float] = []
             try:
                 if name == "overload":
@@ -1466,7 +1536,15 @@ def main(argv: list[str] | None = None) -> int:
         default=(1.5, 3.0),
         help="overload: offered loads, x the capacity measured before (default 1.5,3; goodput judged from 1.5)",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="overload: interleaved rounds of every factor, the capacity measured between them (default 3)",
+    )
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     names = args.only or list(CLASSES)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
@@ -1477,6 +1555,7 @@ def main(argv: list[str] | None = None) -> int:
             not args.no_pin,
             args.gateway_set,
             args.factors,
+            args.rounds,
         )
         with st.stack:
             st.start()

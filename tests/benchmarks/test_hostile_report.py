@@ -106,3 +106,34 @@ def test_bucket_quantile_names_the_bucket_holding_the_quantile() -> None:
     assert hostile._bucket_quantile(buckets, 0.99) == "1000 ms"
     assert hostile._bucket_quantile({**buckets, 1.0: 98.0}, 0.99) == "inf"
     assert hostile._bucket_quantile({}, 0.99) == "n/a"
+
+
+def test_rounds_combine_into_one_row_of_medians() -> None:
+    """Goodput, 429 median and accepted p99 are the rounds' medians with their spread; the worst /healthz, every 5xx
+    and every problem of any round count; the text ends with the median round's own."""
+    rows = [
+        ClassResult(
+            "overload_3x",
+            "REST",
+            100,
+            five_xx=0,
+            healthz_ms=h,
+            outcome=f"round {g}",
+            goodput=g,
+            shed_p50_ms=s,
+            ok_p99_ms=p,
+        )
+        for g, s, p, h in ((0.95, 0.2, 300.0, 40.0), (0.70, 0.4, 900.0, 300.0), (0.85, 0.3, 500.0, 50.0))
+    ]
+    rows[1].five_xx = 2
+    rows[2].problems = ["x"]
+    c = hostile.combine_rounds(rows)
+    assert c.goodput == pytest.approx(0.85) and c.shed_p50_ms == pytest.approx(0.3) and c.ok_p99_ms == 500.0
+    assert c.requests == 300 and c.five_xx == 2 and c.healthz_ms == 300.0 and c.problems == ["x"]
+    assert c.outcome.startswith("3 rounds, median [min-max]: goodput 0.85x [0.70-0.95], 429 median 0.3 ms")
+    assert c.outcome.endswith("the median round (3): round 0.85")
+    assert verdict(c) == ["x", "/healthz 300 ms", "2 5xx"]
+    assert hostile.combine_rounds(rows[:1]) is rows[0]
+    below = [ClassResult("overload_0.8x", "gRPC", 10, internal_unknown=0, outcome="o")] * 2
+    b = hostile.combine_rounds(below)
+    assert b.goodput is None and b.five_xx is None and b.internal_unknown == 0 and "goodput" not in b.outcome
