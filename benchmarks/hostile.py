@@ -470,6 +470,13 @@ class Stack:
                 out[le] = out.get(le, 0.0) + float(m.group(2))
         return out
 
+    def coalescing(self) -> tuple[float, float, float]:
+        """The gateway's entry calls so far, the requests they served, and the calls its coalescer's timer sent
+        (``embedgate_coalesced_requests``)."""
+        calls = self.metric("embedgate_coalesced_requests_count")
+        served = self.metric("embedgate_coalesced_requests_sum")
+        return calls, served, self.metric("embedgate_coalesced_requests_count", {"trigger": "timer"})
+
     def gateway_cpu_s(self) -> float:
         """CPU seconds (user + system) the gateway process has used so far (from /proc; 0 where it is missing)."""
         return cpu_seconds(self.gateway.proc.pid, tree=False)
@@ -1200,6 +1207,14 @@ def _bucket_quantile(buckets: dict[float, float], q: float) -> str:
     return "inf"
 
 
+def _coalesced(before: tuple[float, float, float], after: tuple[float, float, float]) -> str:
+    """What the coalescer did between two :meth:`Stack.coalescing` reads, in words."""
+    calls, served, timer = (a - b for a, b in zip(after, before, strict=True))
+    if calls <= 0:
+        return "no entry calls"
+    return f"{served / calls:.1f} requests per entry call ({calls:.0f} calls, {timer / calls:.0%} sent by the timer)"
+
+
 def _load() -> str:
     return f"load average {os.getloadavg()[0]:.1f}"
 
@@ -1254,14 +1269,15 @@ async def _overload_front(
     async def capacity(when: str) -> float:
         best = 0.0
         for clients in _CAPACITY_CLIENTS:
-            cpu0, t0 = st.gateway_cpu_s(), time.monotonic()
+            cpu0, t0, co0 = st.gateway_cpu_s(), time.monotonic(), st.coalescing()
             codes, _ = await asyncio.to_thread(run, 0, cap_s, clients)
             cpu, wall = st.gateway_cpu_s() - cpu0, time.monotonic() - t0
+            co = _coalesced(co0, st.coalescing())
             got = _capacity(codes, cap_s)
             per_ok = 1000 * cpu / max(1, codes.count("OK"))
             _say(
                 f"{front} capacity {when}, {clients} clients: {got:.0f}/s ({_hist(codes)}; gateway CPU "
-                f"{cpu / wall:.2f} of a core, {per_ok:.2f} ms per OK answer; {_load()})"
+                f"{cpu / wall:.2f} of a core, {per_ok:.2f} ms per OK answer, {co}; {_load()})"
             )
             best = max(best, got)
             await asyncio.sleep(1)
@@ -1282,7 +1298,7 @@ async def _overload_front(
             shed0 = {k: st.metric("embedgate_admission_shed_total", {"reason": k}) for k in _SHED_REASONS}
             late0 = st.metric("embedgate_requests_total", _LATE)
             cpu0, t0, b0 = st.gateway_cpu_s(), time.monotonic(), st.latency_buckets()
-            k0 = st.latency_buckets(_BACKEND_HIST)
+            k0, co0 = st.latency_buckets(_BACKEND_HIST), st.coalescing()
             with probe.span(spans):
                 codes, lat = await asyncio.to_thread(run, offered, seconds, 256)
             cpu, wall = st.gateway_cpu_s() - cpu0, time.monotonic() - t0
@@ -1299,7 +1315,8 @@ async def _overload_front(
                 f"routed (after the body), admission limit "
                 f"{st.metric('embedgate_admission_limit'):.0f} at the end, CPU {cpu / wall:.2f} of a core "
                 f"({1000 * cpu / max(1, len(codes)):.2f} ms per request sent, "
-                f"{1000 * cpu / max(1, codes.count('OK')):.2f} per OK answer), p50 / p99 inside the gateway (routed "
+                f"{1000 * cpu / max(1, codes.count('OK')):.2f} per OK answer), "
+                f"{_coalesced(co0, st.coalescing())}, p50 / p99 inside the gateway (routed "
                 f"predicts, any outcome) <= {inside}, backend calls p50 / p99 <= {backend}; {_load()}; {how}"
             )
             runs[factor].append((codes, lat, spans[-1], gw, offered))

@@ -31,6 +31,10 @@ __all__ = ["Coalescer", "merge_batches", "split_outputs"]
 Outputs = tuple[Mapping[str, np.ndarray], str]
 RunFn = Callable[[FeatureBatch, "VersionSpec", float], Awaitable[Outputs]]
 CallLater = Callable[[float, Callable[[], None]], Any]
+# told of every run as it starts: how many requests it serves and what sent it (``alone``: nothing was running or
+# waiting; ``big``: a request of max_batch examples or more; ``full``: the group reached max_batch; ``idle``: the
+# runs in flight finished; ``timer``: max_delay_s passed)
+Observe = Callable[[int, str], None]
 
 if TYPE_CHECKING:
     from gateway.core.requests import VersionSpec
@@ -90,10 +94,17 @@ class _Group:
 
 class Coalescer:
     """Coalesces calls of ``run``. ``call_later(delay_s, callback)`` schedules the group's dispatch (default: the
-    running loop's ``call_later``; tests inject their own to check the bound without clocks)."""
+    running loop's ``call_later``; tests inject their own to check the bound without clocks). ``observe(requests,
+    trigger)`` is told of every run as it starts (the gateway's ``embedgate_coalesced_requests`` metric)."""
 
     def __init__(
-        self, run: RunFn, *, max_delay_s: float, max_batch: int, call_later: CallLater | None = None
+        self,
+        run: RunFn,
+        *,
+        max_delay_s: float,
+        max_batch: int,
+        call_later: CallLater | None = None,
+        observe: Observe | None = None,
     ) -> None:
         if max_delay_s <= 0 or max_batch <= 0:
             raise ValueError("max_delay_s and max_batch must be positive (0 means: build no Coalescer)")
@@ -101,6 +112,7 @@ class Coalescer:
         self.max_delay_s = max_delay_s
         self.max_batch = max_batch
         self._call_later = call_later
+        self._observe = observe
         self._groups: dict[VersionSpec, _Group] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.dispatched = 0  # coalesced runs started (tests and metrics read it)
@@ -109,6 +121,8 @@ class Coalescer:
     async def submit(self, batch: FeatureBatch, version: VersionSpec, deadline: float) -> Outputs:
         if batch.size >= self.max_batch or (self._in_flight == 0 and not self._groups):
             # alone (nothing running, nothing waiting) or big: no one to wait for, go now
+            if self._observe is not None:
+                self._observe(1, "big" if batch.size >= self.max_batch else "alone")
             self._in_flight += 1
             try:
                 return await self._run(batch, version, deadline)
@@ -119,16 +133,16 @@ class Coalescer:
         if group is None:
             group = self._groups[version] = _Group()
             later = self._call_later or loop.call_later
-            group.timer = later(self.max_delay_s, lambda: self._dispatch(version, group))
+            group.timer = later(self.max_delay_s, lambda: self._dispatch(version, group, "timer"))
         if group.examples + batch.size > self.max_batch:  # would overflow: send the waiting ones now
-            self._dispatch(version, group)
+            self._dispatch(version, group, "full")
             return await self.submit(batch, version, deadline)
         waiting = _Waiting(batch, deadline, loop.create_future())
         waiting.future.add_done_callback(_retrieve)  # a caller gone at its deadline leaves no unread error
         group.waiting.append(waiting)
         group.examples += batch.size
         if group.examples >= self.max_batch:
-            self._dispatch(version, group)
+            self._dispatch(version, group, "full")
         try:
             return await asyncio.wait_for(
                 asyncio.shield(waiting.future), max(0.0, deadline - time.monotonic())
@@ -136,7 +150,7 @@ class Coalescer:
         except TimeoutError:
             raise DeadlineExceeded("Deadline exceeded while the request was coalesced with others") from None
 
-    def _dispatch(self, version: VersionSpec, group: _Group) -> None:
+    def _dispatch(self, version: VersionSpec, group: _Group, trigger: str) -> None:
         if self._groups.get(version) is not group:
             return  # already dispatched (the timer fired after the group filled up)
         del self._groups[version]
@@ -144,6 +158,8 @@ class Coalescer:
             group.timer.cancel()
         if not group.waiting:
             return
+        if self._observe is not None:
+            self._observe(len(group.waiting), trigger)
         self.dispatched += 1
         self._in_flight += 1
         task = asyncio.get_running_loop().create_task(self._execute(version, group.waiting))
@@ -155,7 +171,7 @@ class Coalescer:
         self._in_flight -= 1
         if self._in_flight == 0:
             for version, group in list(self._groups.items()):
-                self._dispatch(version, group)
+                self._dispatch(version, group, "idle")
 
     async def _execute(self, version: VersionSpec, waiting: list[_Waiting]) -> None:
         try:

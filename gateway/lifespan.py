@@ -330,9 +330,17 @@ def _start_cache(rt: Runtime, servables: dict[str, Servable]) -> asyncio.Task[No
     if s.coalesce.max_delay_ms > 0:
         from gateway.coalesce import Coalescer
 
-        for m in embedding.values():
+        runs = rt.metrics.coalesced
+        for name, m in embedding.items():
+
+            def observe(requests: int, trigger: str, name: str = name) -> None:
+                runs.labels(model=name, trigger=trigger).observe(requests)
+
             m.coalescer = Coalescer(
-                m.run_now, max_delay_s=s.coalesce.max_delay_ms / 1000, max_batch=s.coalesce.max_batch
+                m.run_now,
+                max_delay_s=s.coalesce.max_delay_ms / 1000,
+                max_batch=s.coalesce.max_batch,
+                observe=observe,
             )
     if not s.cache.max_bytes or not embedding:
         return None

@@ -92,6 +92,13 @@ class Metrics:
             ["step"],
             registry=r,
         )
+        self.coalesced = Histogram(
+            "embedgate_coalesced_requests",
+            "requests served by each entry call of an embedding model, by what sent the call (coalescing)",
+            ["model", "trigger"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=r,
+        )
         self.admission_wait = Histogram(
             "embedgate_admission_queue_wait_seconds",
             "time requests that found no free slot spent in the admission queue (admitted or shed)",

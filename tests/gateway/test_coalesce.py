@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -110,6 +111,11 @@ def _batch(*users: int) -> FeatureBatch:
     return batch_from_instances(rows, MANIFEST)
 
 
+def _told(runs: list[tuple[int, str]]) -> Callable[[int, str], None]:
+    """An ``observe`` that records each run's (requests, trigger)."""
+    return lambda n, trigger: runs.append((n, trigger))
+
+
 async def _busy(c: Coalescer, backend: _Backend) -> asyncio.Future[Any]:
     """A first request, running until ``backend.release`` is set; it went at once (nothing ran or waited)."""
     busy = asyncio.ensure_future(c.submit(_batch(0), VersionSpec(), time.monotonic() + 30))
@@ -122,14 +128,17 @@ async def _busy(c: Coalescer, backend: _Backend) -> asyncio.Future[Any]:
 async def test_a_lone_request_goes_at_once() -> None:
     sched, backend = _Scheduler(), _Backend()
     backend.release.set()
-    c = Coalescer(backend.run, max_delay_s=10.0, max_batch=100, call_later=sched)
+    runs: list[tuple[int, str]] = []
+    c = Coalescer(backend.run, max_delay_s=10.0, max_batch=100, call_later=sched, observe=_told(runs))
     out, _ = await c.submit(_batch(5), VersionSpec(), time.monotonic() + 30)
     assert out["score"].ravel().tolist() == [5.0] and sched.pending == []
+    assert runs == [(1, "alone")]
 
 
 async def test_requests_are_dispatched_within_max_delay_and_split_back() -> None:
     sched, backend = _Scheduler(), _Backend()
-    c = Coalescer(backend.run, max_delay_s=0.002, max_batch=100, call_later=sched)
+    runs: list[tuple[int, str]] = []
+    c = Coalescer(backend.run, max_delay_s=0.002, max_batch=100, call_later=sched, observe=_told(runs))
     busy = await _busy(c, backend)
     deadline = time.monotonic() + 30
     a = asyncio.ensure_future(c.submit(_batch(1, 2), VersionSpec(), deadline))
@@ -146,13 +155,15 @@ async def test_requests_are_dispatched_within_max_delay_and_split_back() -> None
     ]  # one call for the two latest-version requests, one for version 5
     assert ra["score"].ravel().tolist() == [1.0, 2.0] and rb["score"].ravel().tolist() == [3.0] and va == "7"
     assert rc["score"].ravel().tolist() == [9.0]
+    assert sorted(runs) == [(1, "alone"), (1, "timer"), (2, "timer")]
     backend.release.set()
     await busy
 
 
 async def test_a_full_group_goes_at_once_and_big_requests_alone() -> None:
     sched, backend = _Scheduler(), _Backend()
-    c = Coalescer(backend.run, max_delay_s=1.0, max_batch=3, call_later=sched)
+    runs: list[tuple[int, str]] = []
+    c = Coalescer(backend.run, max_delay_s=1.0, max_batch=3, call_later=sched, observe=_told(runs))
     busy = await _busy(c, backend)
     deadline = time.monotonic() + 30
     first = asyncio.ensure_future(c.submit(_batch(1, 2), VersionSpec(), deadline))
@@ -163,13 +174,15 @@ async def test_a_full_group_goes_at_once_and_big_requests_alone() -> None:
     assert backend.calls == [1, 3] and full[0]["score"].ravel().tolist() == [3.0]
     await c.submit(_batch(4, 5, 6, 7), VersionSpec(), deadline)
     assert backend.calls == [1, 3, 4]
+    assert runs == [(1, "alone"), (2, "full"), (1, "big")]
     backend.release.set()
     await busy
 
 
 async def test_waiting_requests_go_when_the_run_in_flight_finishes() -> None:
     sched, backend = _Scheduler(), _Backend()
-    c = Coalescer(backend.run, max_delay_s=10.0, max_batch=100, call_later=sched)
+    runs: list[tuple[int, str]] = []
+    c = Coalescer(backend.run, max_delay_s=10.0, max_batch=100, call_later=sched, observe=_told(runs))
     busy = await _busy(c, backend)
     deadline = time.monotonic() + 30
     waiting = [asyncio.ensure_future(c.submit(_batch(i), VersionSpec(), deadline)) for i in (1, 2)]
@@ -178,6 +191,7 @@ async def test_waiting_requests_go_when_the_run_in_flight_finishes() -> None:
     results = await asyncio.gather(busy, *waiting)
     assert [r[0]["score"].ravel().tolist() for r in results] == [[0.0], [1.0], [2.0]]
     assert backend.calls == [1, 2]
+    assert runs == [(1, "alone"), (2, "idle")]
 
 
 async def test_a_backend_error_reaches_every_request_of_the_group() -> None:
@@ -218,6 +232,17 @@ async def test_coalesced_predictions_equal_uncoalesced(demo_artifacts: Any, demo
             servable = app.state.runtime.gateway.servables[model["name"]]
             if on:
                 assert 1 <= servable.coalescer.dispatched < len(bodies), servable.coalescer.dispatched
+                # every request was served by one entry call, and the metric counts each call once
+                metrics = app.state.runtime.metrics.render().decode()
+                sums = re.findall(
+                    rf'embedgate_coalesced_requests_(sum|count){{model="{model["name"]}",trigger="(\w+)"}} (\S+)',
+                    metrics,
+                )
+                assert sum(float(v) for kind, _, v in sums if kind == "sum") == len(bodies), sums
+                calls = sum(float(v) for kind, _, v in sums if kind == "count")
+                assert calls == servable.coalescer.dispatched + sum(
+                    float(v) for kind, t, v in sums if kind == "count" and t in ("alone", "big")
+                ), sums
         assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
         answers[on] = [r.json()["predictions"] for r in replies]
     np.testing.assert_allclose(
