@@ -42,7 +42,8 @@ def dtype_name(dtype: int) -> str:
 
 
 def decode_tensor(proto: tensor_pb2.TensorProto) -> np.ndarray:
-    """The numpy value of ``proto``; raises ``ValueError``/``TypeError`` for an inconsistent proto.
+    """The numpy value of ``proto``; raises ``ValueError``/``TypeError`` for an inconsistent proto, and
+    ``ValueError`` for a shape of more than :data:`MAX_DECODED_ELEMENTS` elements.
 
     A numeric ``tensor_content`` holding exactly the shape's elements (what TF Serving clients and the gateway send)
     is read in place: a read-only view of the proto's bytes (one copy, the one protobuf makes handing them out),
@@ -51,11 +52,34 @@ def decode_tensor(proto: tensor_pb2.TensorProto) -> np.ndarray:
     content = _content_view(proto)
     if content is not None:
         return content
+    _check_elements(proto)
     try:
         value: np.ndarray = tf.make_ndarray(proto)
     except KeyError:  # TF has no numpy type for it (a reference dtype such as DT_RESOURCE_REF, 120)
         raise TypeError(f"cannot decode a tensor of dtype {dtype_name(proto.dtype)}") from None
     return value
+
+
+# the most elements decoded from one tensor: a proto may carry fewer values than its shape has elements (they are
+# padded with the last one), so a few bytes could otherwise ask for any amount of memory
+MAX_DECODED_ELEMENTS = 1 << 31
+
+
+def _check_elements(proto: tensor_pb2.TensorProto) -> None:
+    """ValueError when ``proto``'s shape has more than :data:`MAX_DECODED_ELEMENTS` elements (negative dims and
+    unknown rank are left to ``tf.make_ndarray``, which words them)."""
+    if proto.tensor_shape.unknown_rank:
+        return
+    n = 1
+    for d in proto.tensor_shape.dim:
+        if d.size < 0:
+            return
+        n *= d.size
+    if n > MAX_DECODED_ELEMENTS:
+        dims = ", ".join(str(d.size) for d in proto.tensor_shape.dim)
+        raise ValueError(
+            f"tensor of shape [{dims}] has {n} elements, more than the {MAX_DECODED_ELEMENTS} decoded"
+        )
 
 
 def _content_view(proto: tensor_pb2.TensorProto) -> np.ndarray | None:

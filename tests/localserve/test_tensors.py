@@ -53,3 +53,19 @@ def test_a_dtype_numpy_cannot_hold_is_a_type_error() -> None:
     proto.tensor_shape.dim.add(size=1)
     with pytest.raises(TypeError, match="cannot decode a tensor of dtype resource_ref"):
         decode_tensor(proto)
+
+
+def test_a_shape_too_large_to_decode_is_a_value_error() -> None:
+    """Two bool values for 2^63 - 2 elements would be padded to 8 EiB (found by the request decoder's hypothesis test
+    in CI): ValueError naming the shape, before any allocation. Padding within the bound still works."""
+    from embedgate.localserve.tensors import MAX_DECODED_ELEMENTS
+
+    proto = tensor_pb2.TensorProto(dtype=tf.bool.as_datatype_enum, bool_val=[False, False])
+    proto.tensor_shape.dim.add(size=2**63 - 2)
+    with pytest.raises(ValueError, match=r"shape \[9223372036854775806\] has 9223372036854775806 elements"):
+        decode_tensor(proto)
+    proto.tensor_shape.dim[0].size = MAX_DECODED_ELEMENTS + 1
+    with pytest.raises(ValueError, match="more than the 2147483648 decoded"):
+        decode_tensor(proto)
+    proto.tensor_shape.dim[0].size = 5
+    np.testing.assert_array_equal(decode_tensor(proto), np.zeros(5, dtype=bool))
