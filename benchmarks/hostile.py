@@ -28,7 +28,8 @@ Classes (REST and gRPC where the class applies), each bounded in count and time,
   per client up to 64) from ``.cache/go-bin`` (``make bench-tools``), in ``--rounds`` interleaved rounds (default 3:
   capacity, 1.5x, 3x, capacity, 1.5x, 3x, capacity, ...). Goodput is answers OK per second / capacity, the capacity
   being the better of the measurements just before and just after the run (the machine is shared); each row gives
-  the median over the rounds with their [min-max] and the median round's own figures; the median latency of the 429 / RESOURCE_EXHAUSTED answers and the p99 of the OK ones, with the load average, the
+  the median over the rounds with their [min-max] and the median round's own figures; the median latency of the
+  429 / RESOURCE_EXHAUSTED answers and the p99 of the OK ones, with the load average, the
   gateway's CPU during the run (share of a core and ms per request sent, from /proc), the p50 / p99 inside the
   gateway (the bucket bounds of its own ``embedgate_request_duration_seconds`` for the model's predicts, any outcome:
   what the client saw beyond it was spent before the gateway's code ran) and of its backend calls
@@ -473,9 +474,12 @@ class Stack:
     def coalescing(self) -> tuple[float, float, float]:
         """The gateway's entry calls so far, the requests they served, and the calls its coalescer's timer sent
         (``embedgate_coalesced_requests``)."""
-        calls = self.metric("embedgate_coalesced_requests_count")
-        served = self.metric("embedgate_coalesced_requests_sum")
-        return calls, served, self.metric("embedgate_coalesced_requests_count", {"trigger": "timer"})
+        import httpx
+
+        text = httpx.get(f"{self.ops}/metrics", timeout=_CALL_S).text  # one read for the three sums
+        calls = metric_sum(text, "embedgate_coalesced_requests_count")
+        served = metric_sum(text, "embedgate_coalesced_requests_sum")
+        return calls, served, metric_sum(text, "embedgate_coalesced_requests_count", {"trigger": "timer"})
 
     def gateway_cpu_s(self) -> float:
         """CPU seconds (user + system) the gateway process has used so far (from /proc; 0 where it is missing)."""

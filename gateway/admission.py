@@ -519,11 +519,10 @@ class Shedder:
         if reason is None:
             if scope is not None:  # reported to the gate when its body is in or it ends (pend, end)
                 scope[JUDGED] = True
-            elif self.on_seen is not None:
-                self.on_seen()
+            else:
+                self._seen()
             return None
-        if self.on_seen is not None:
-            self.on_seen()
+        self._seen()
         err = self.admission.refuse(reason)
         self.metrics.rejected.inc()
         self.metrics.requests.labels("_other", "", "other", err.code.name).inc()
@@ -538,16 +537,20 @@ class Shedder:
         head it is :class:`Pending` until admission counts it (the route settles it) or it ends (ShedMiddleware)."""
         if scope.get(JUDGED) and PENDING not in scope:
             scope[PENDING] = Pending(self.admission)
-            if self.on_seen is not None:
-                self.on_seen()
+            self._seen()
 
     def end(self, scope: MutableMapping[str, Any]) -> None:
         """The request of ``scope`` ended (ShedMiddleware): settle its :class:`Pending`; one let through at its head
         whose body never came in is reported to the gate now; a body completing after this makes nothing pending."""
-        if scope.get(JUDGED) and PENDING not in scope and self.on_seen is not None:
-            self.on_seen()
+        if scope.get(JUDGED) and PENDING not in scope:
+            self._seen()
         settle(scope)
         scope[PENDING] = None
+
+    def _seen(self) -> None:
+        """One ``/v1/...`` request reported to :attr:`on_seen` (when set)."""
+        if self.on_seen is not None:
+            self.on_seen()
 
 
 class ShedMiddleware:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
-from google.protobuf.message import DecodeError
 
 from gateway.backends.client import BackendClient, ReplicaSet
 from gateway.cache import CachedRowSource, RowSource, ShardRows
@@ -17,7 +16,7 @@ from gateway.codec.numeric import numeric_ndarray
 from gateway.codec.tensor import from_ndarray, to_ndarray
 from gateway.core.manifests import ManifestStore
 from gateway.core.metadata import MetadataCache
-from gateway.core.modelspec import answered_version, model_spec
+from gateway.core.modelspec import answered_version, model_spec, read_answer
 from gateway.core.positions import mark_stale, stale_reads
 from gateway.core.requests import (
     ClassifyResult,
@@ -56,9 +55,8 @@ class EntryAnswer(Mapping[str, np.ndarray]):
 
     __slots__ = ("_arrays", "protos", "wire")
 
-    def __init__(self, wire: bytes, resp: tfs_pb2.PredictResponse) -> None:
-        # relayed as it is unless the entry named a version label (a built reply carries none), as pass-through does
-        self.wire = wire if resp.model_spec.WhichOneof("version_choice") != "version_label" else None
+    def __init__(self, wire: bytes | None, resp: tfs_pb2.PredictResponse) -> None:
+        self.wire = wire  # None: not to be relayed (:func:`~gateway.core.modelspec.read_answer`)
         self.protos: Mapping[str, tfs_pb2.TensorProto] = resp.outputs
         self._arrays: dict[str, np.ndarray] | None = None
 
@@ -220,12 +218,8 @@ class EmbeddingServable(Servable):
 
     async def _entry(self, req: bytes, deadline: float) -> tuple[EntryAnswer, str]:
         """The entry's answer to the serialized request ``req``, and the version that answered."""
-        raw = await self.entry.predict_bytes(req, deadline)
-        try:
-            resp = tfs_pb2.PredictResponse.FromString(raw)
-        except DecodeError as exc:
-            raise Internal(f"entry of {self.name} sent an unreadable PredictResponse: {exc}") from None
-        return EntryAnswer(raw, resp), _version_text(answered_version(resp))
+        resp, relay = read_answer(await self.entry.predict_bytes(req, deadline), f"entry of {self.name}")
+        return EntryAnswer(relay, resp), _version_text(answered_version(resp))
 
     async def _serve(
         self, parse: Callable[[Manifest], FeatureBatch], spec: VersionSpec, deadline: float

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from gateway.backends.client import BackendClient
 from gateway.core.metadata import MetadataCache
-from gateway.core.modelspec import answered_version, model_spec
+from gateway.core.modelspec import answered_version, model_spec, read_answer
 from gateway.core.requests import (
     ClassifyResult,
     Inputs,
@@ -17,7 +16,7 @@ from gateway.core.requests import (
     VersionSpec,
 )
 from gateway.core.servable import Servable, StatusClient, available, is_hidden_signature
-from gateway.errors import FailedPrecondition, GatewayError, Internal, InvalidArgument, clip
+from gateway.errors import FailedPrecondition, GatewayError, InvalidArgument, clip
 from gateway.limits import offload
 from schemas.deployment import PassthroughModel
 from schemas.proto import tfs_pb2
@@ -124,12 +123,7 @@ class PassthroughServable(Servable):
         raw = await self.client.predict_bytes(
             wire + tfs_pb2.PredictRequest(model_spec=patch).SerializeToString(), deadline
         )
-        try:
-            resp = tfs_pb2.PredictResponse.FromString(raw)
-        except DecodeError as exc:
-            raise Internal(f"backend sent an unreadable PredictResponse: {exc}") from None
-        # relayed as it is unless the backend named a version label (a built reply carries none)
-        relay = raw if resp.model_spec.WhichOneof("version_choice") != "version_label" else None
+        resp, relay = read_answer(raw, "backend")
         return PredictResult(
             resp.outputs, answered_version(resp), resp.model_spec.signature_name or signature, wire=relay
         )
