@@ -11,7 +11,7 @@ in milliseconds and an admitted one is served at the unloaded speed.
   minimum round trip ``min_rtt`` (the median of ``admission.min_rtt_samples`` round trips of requests admitted while the
   limit is held at ``min_limit``; a measurement ends at the first answer after ``max_measure_s`` with the samples it
   has, or without any keeping the last ``min_rtt``; again every ``min_rtt_interval_s`` when the limit was reached
-  meanwhile), then once per window of ``sample_window_s`` holding ``min_samples`` round trips sets
+  meanwhile and a new ``min_rtt`` could change the target, :meth:`GradientLimit.min_rtt_may_decide`), then once per window of ``sample_window_s`` holding ``min_samples`` round trips sets
   ``limit = limit x gradient + sqrt(limit)`` with ``gradient = max(min_rtt x (1 + rtt_tolerance), rtt_budget_s) /
   median round trip``, the gradient clamped to [0.5, 2] and the limit to [``floor_limit``, ``max_in_flight``] (the
   budget and the floor: under CPU contention, e.g. while refusing a flood, every round trip grows and the gradient on
@@ -189,8 +189,25 @@ class GradientLimit:
         self._window_end = now + s.sample_window_s
         self._limit = self.next_limit(self._limit, rtt)
         if now >= self._next_measure and self._contended:  # without contention the limit does not matter
-            self._resume = self._limit
-            self._measure(now)
+            if self.min_rtt_may_decide():
+                self._resume = self._limit
+                self._measure(now)
+            else:  # a new min_rtt would not change the target: no limit held at min_limit for nothing
+                self._next_measure = now + s.min_rtt_interval_s
+                self._contended = False
+
+    def min_rtt_may_decide(self) -> bool:
+        """Whether measuring ``min_rtt`` again could change the gradient's target: ``min_rtt x (1 + rtt_tolerance)``
+        is at or above ``rtt_budget_s`` (the minimum decides the target, not the budget), or the limit sits at its
+        floor (round trips stay above the target at the least concurrency allowed: the unloaded round trip may have
+        grown past the budget). Otherwise the target is the budget, and a measurement would only hold the limit at
+        ``min_limit``, refusing nearly everything for up to ``max_measure_s`` (0.1-0.5 s every ``min_rtt_interval_s``
+        under the overload benchmark's open loop)."""
+        s = self._s
+        assert s is not None
+        if self.min_rtt is None:
+            return True
+        return self.min_rtt * (1.0 + s.rtt_tolerance) >= s.rtt_budget_s or self.limit <= self.floor
 
     def next_limit(self, limit: float, rtt: float) -> float:
         """The limit after a window whose median round trip was ``rtt`` seconds (the gradient rule above)."""

@@ -187,7 +187,8 @@ class AdmissionSettings(_Strict):
     min_rtt_interval_s: float = Field(
         30.0,
         gt=0,
-        description="how often the minimum round trip is measured again (the limit is held at min_limit meanwhile)",
+        description="how often the minimum round trip is measured again while the limit is reached and a new one "
+        "could change the target (the limit is held at min_limit meanwhile)",
     )
     min_rtt_samples: int = Field(
         24, ge=1, description="round trips at min_limit whose median is the minimum round trip"

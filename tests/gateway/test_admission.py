@@ -537,3 +537,35 @@ def test_the_requests_judged_and_not_yet_counted_are_published() -> None:
     adm.acquire()
     second.settle()
     assert seen[-1][1] == 1 and seen[-1][6:] == (4, 0)
+
+
+def test_min_rtt_is_measured_again_only_while_it_could_change_the_target() -> None:
+    """With a budget above ``min_rtt x (1 + rtt_tolerance)`` the target is the budget: a contended limit is not held
+    at ``min_limit`` after the interval (the refusals would buy nothing). It is measured again once the limit sits at
+    its floor (the unloaded round trip may have grown past the budget), or where the minimum decides the target."""
+    clock = Clock()
+    lim = _measured(clock, rtt=0.01, rtt_budget_s=0.1, floor_limit=4, min_rtt_interval_s=5.0)
+    assert not lim.min_rtt_may_decide()  # 0.015 s < 0.1 s
+    _contend(lim)
+    clock.now += 6.0
+    for _ in range(4):
+        _round_trip(lim, clock, 0.05)  # within the budget: the limit grows, and no measurement
+    assert lim.phase is Phase.ADAPTING and lim.limit > 4
+    limits = []
+    for _ in range(
+        40
+    ):  # contended, round trips of 1 s at any concurrency: the limit halves down to its floor
+        _contend(lim)
+        limits.append(lim.limit)
+        for _ in range(4):
+            _round_trip(lim, clock, 1.0)
+        if lim.phase is Phase.MEASURING:
+            break
+    assert len(limits) > 5 and min(limits) > 4  # window after window above the floor: no measurement
+    assert lim.phase is Phase.MEASURING and lim.limit == 2  # at the floor, contended: measured again
+    for _ in range(4):
+        _round_trip(lim, clock, 0.3)  # the unloaded round trip grew past the budget
+    assert lim.min_rtt == pytest.approx(0.3) and lim.min_rtt_may_decide()
+    # where the minimum decides the target (no budget), it is measured again after every interval, as before
+    near = _measured(Clock(), rtt=0.08, rtt_budget_s=0.1, min_rtt_interval_s=5.0)
+    assert near.min_rtt_may_decide()  # 0.08 x 1.5 >= 0.1
