@@ -1,7 +1,7 @@
 """Hostile clients against a real stack, one class at a time (issue 21): what each does to the gateway and the updater.
 
-    .venv/bin/python -m benchmarks.hostile [--quick] [--only CLASS ...] [--front REST|gRPC] [--no-pin]
-        [--rounds N] [--factors 1.5,3] [--write docs/security.md]
+    .venv/bin/python -m benchmarks.hostile [--quick] [--only CLASS ...] [--front REST|gRPC]
+        [--pin gateway|loadgen|none] [--rounds N] [--factors 1.5,3] [--write docs/security.md]
 
 Stack, every part real, each its own process on 127.0.0.1 (free ports, tests/support helpers): the small demo model
 (entry + 2 PS shards), a Kafka broker, serve-local **A** (entry and both shards) and **B** (both shards), the updater
@@ -33,9 +33,12 @@ Classes (REST and gRPC where the class applies), each bounded in count and time,
   gateway's CPU during the run (share of a core and ms per request sent, from /proc), the p50 / p99 inside the
   gateway (the bucket bounds of its own ``embedgate_request_duration_seconds`` for the model's predicts, any outcome:
   what the client saw beyond it was spent before the gateway's code ran) and of its backend calls
-  (``embedgate_backend_call_duration_seconds``, every call: what the gateway spent beyond that was its own). With 2+ CPUs the load generators run on CPU 1 and
-  the stack on the others (``--no-pin``: not pinned); ``--front`` runs one front. Environment variables reach the
-  gateway (e.g. ``EMBEDGATE_EVENT_LOOP=uvloop`` for an A/B run).
+  (``embedgate_backend_call_duration_seconds``, every call: what the gateway spent beyond that was its own). With 2+
+  CPUs the processes are pinned (``--pin``, :func:`_pinned`): ``gateway`` (the default) puts the gateway and its
+  workers alone on CPU 0, as a deployment gives the gateway cores of its own, and the rest of the stack (Kafka, both
+  replicas, the updater) with the load generators on the others; ``loadgen`` puts the load generators alone on CPU 1
+  and the whole stack on the others; ``none`` (or ``--no-pin``) pins nothing. ``--front`` runs one front.
+  Environment variables reach the gateway (e.g. ``EMBEDGATE_EVENT_LOOP=uvloop`` for an A/B run).
 * ``replica_kill_heal``: replica B SIGKILLed under REST + gRPC predicts, started again, then (once no replica is
   flagged catching up, bounded) answers marked degraded are counted.
 
@@ -364,7 +367,9 @@ class Stack:
     work: Path
     quick: bool
     fronts: tuple[str, ...] = ("REST", "gRPC")  # the overload class's fronts (--front)
-    pin: bool = True  # the overload class: load generators on one CPU, the stack on the others (--no-pin)
+    # the overload class's CPU layout (--pin, see _pinned): "gateway" (alone on CPU 0), "loadgen" (the load generators
+    # alone on CPU 1) or "none"
+    pin: str = "gateway"
     gateway_extra: dict[str, Any] = field(default_factory=dict)  # more gateway settings (--gateway-set)
     # the overload class's offered loads, x the capacity measured before (--factors); goodput is judged from 1.5x on
     factors: tuple[float, ...] = (1.5, 3.0)
@@ -1146,7 +1151,9 @@ _CAPACITY_CLIENTS: Final = (
     16,
     64,
 )  # closed-loop concurrencies of the capacity runs; the best one is the capacity
-_LOADGEN_CPU: Final = 1  # with --pin: the load generators' CPU; the stack gets every other one
+_LOADGEN_CPU: Final = 1  # --pin loadgen: the load generators' CPU; the stack gets every other one
+_GATEWAY_CPU: Final = 0  # --pin gateway: the gateway's CPU; everything else gets every other one
+PIN_LAYOUTS: Final = ("gateway", "loadgen", "none")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -1170,27 +1177,45 @@ def _set_cpus(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(int(task.name), cpus)
 
 
-def _stack_cpus() -> set[int]:
-    return set(range(os.cpu_count() or 1)) - {_LOADGEN_CPU}
+def _cpu_list(cpus: set[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
 
 
 @contextlib.contextmanager
 def _pinned(st: Stack) -> Iterator[str]:
-    """With ``st.pin`` and 2+ CPUs: the stack (every process this benchmark started: Kafka, serve-local A and B, the
-    updater, the gateway and its workers) on every CPU but :data:`_LOADGEN_CPU`, and this process on that one (every
-    thread; the load generators it starts inherit it), so that a load generator never takes the CPU of the stack it measures (on 2
-    cores the stack has one CPU, capacity included). Everything gets all CPUs back at the end. Yields how it ran."""
+    """The overload class's CPU layout (``st.pin``, with 2+ CPUs; everything gets every CPU back at the end). Yields
+    how it ran.
+
+    * ``gateway``: the gateway and its workers alone on :data:`_GATEWAY_CPU`; every other process this benchmark
+      started (Kafka, serve-local A and B, the updater) and this process (every thread: the load generators it starts
+      inherit it) on the other CPUs. The gateway has a core of its own, as deployed; sharing one with the replicas,
+      an open loop's answers cost the gateway up to 74 % more CPU than a closed loop's (the processes woken one
+      request at a time), which is the machine's layout, not admission (docs/security.md "the gateway on a core of
+      its own").
+    * ``loadgen``: the whole stack on every CPU but :data:`_LOADGEN_CPU`, this process on that one, so that a load
+      generator never takes the CPU of the stack it measures (on 2 cores the stack has one CPU).
+    * ``none``: nothing pinned."""
     cpus = os.cpu_count() or 1
-    if not st.pin or cpus < 2:
+    if st.pin == "none" or cpus < 2:
         yield "unpinned"
         return
     everything = set(range(cpus))
     stack = _descendants(os.getpid())
-    for pid in stack:
-        _set_cpus(pid, _stack_cpus())
-    _set_cpus(os.getpid(), {_LOADGEN_CPU})
+    if st.pin == "gateway":
+        gateway = {st.gateway.proc.pid, *_descendants(st.gateway.proc.pid)}
+        alone, rest = {_GATEWAY_CPU}, everything - {_GATEWAY_CPU}
+        for pid in stack:
+            _set_cpus(pid, alone if pid in gateway else rest)
+        _set_cpus(os.getpid(), rest)
+        how = f"gateway alone on CPU {_GATEWAY_CPU}, the rest of the stack and the load generator on CPU {_cpu_list(rest)}"
+    else:
+        others = everything - {_LOADGEN_CPU}
+        for pid in stack:
+            _set_cpus(pid, others)
+        _set_cpus(os.getpid(), {_LOADGEN_CPU})
+        how = f"stack on CPU {_cpu_list(others)}, load generator on CPU {_LOADGEN_CPU}"
     try:
-        yield f"stack on CPU {','.join(map(str, sorted(_stack_cpus())))}, load generator on CPU {_LOADGEN_CPU}"
+        yield how
     finally:
         for pid in [os.getpid(), *stack]:
             _set_cpus(pid, everything)
@@ -1540,10 +1565,13 @@ def main(argv: list[str] | None = None) -> int:
         "--front", action="append", choices=("REST", "gRPC"), help="overload: only this front (repeatable)"
     )
     ap.add_argument(
-        "--no-pin",
-        action="store_true",
-        help="overload: leave the load generators and the stack on every CPU (default: pinned apart)",
+        "--pin",
+        choices=PIN_LAYOUTS,
+        default="gateway",
+        help="overload: the CPU layout (default gateway: the gateway alone on CPU 0; loadgen: the load generators "
+        "alone on CPU 1; none)",
     )
+    ap.add_argument("--no-pin", action="store_true", help="overload: the same as --pin none")
     ap.add_argument(
         "--gateway-set",
         type=json.loads,
@@ -1573,7 +1601,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(tmp),
             args.quick,
             tuple(args.front or ("REST", "gRPC")),
-            not args.no_pin,
+            "none" if args.no_pin else args.pin,
             args.gateway_set,
             args.factors,
             args.rounds,
