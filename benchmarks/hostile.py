@@ -1207,7 +1207,10 @@ def _pinned(st: Stack) -> Iterator[str]:
         for pid in stack:
             _set_cpus(pid, alone if pid in gateway else rest)
         _set_cpus(os.getpid(), rest)
-        how = f"gateway alone on CPU {_GATEWAY_CPU}, the rest of the stack and the load generator on CPU {_cpu_list(rest)}"
+        how = (
+            f"gateway alone on CPU {_GATEWAY_CPU}, the rest of the stack and the load generator on CPU "
+            f"{_cpu_list(rest)}"
+        )
     else:
         others = everything - {_LOADGEN_CPU}
         for pid in stack:

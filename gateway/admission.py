@@ -11,7 +11,8 @@ in milliseconds and an admitted one is served at the unloaded speed.
   minimum round trip ``min_rtt`` (the median of ``admission.min_rtt_samples`` round trips of requests admitted while the
   limit is held at ``min_limit``; a measurement ends at the first answer after ``max_measure_s`` with the samples it
   has, or without any keeping the last ``min_rtt``; again every ``min_rtt_interval_s`` when the limit was reached
-  meanwhile and a new ``min_rtt`` could change the target, :meth:`GradientLimit.min_rtt_may_decide`), then once per window of ``sample_window_s`` holding ``min_samples`` round trips sets
+  meanwhile and a new ``min_rtt`` could change the target, :meth:`GradientLimit.min_rtt_may_decide`), then once per
+  window of ``sample_window_s`` holding ``min_samples`` round trips sets
   ``limit = limit x gradient + sqrt(limit)`` with ``gradient = max(min_rtt x (1 + rtt_tolerance), rtt_budget_s) /
   median round trip``, the gradient clamped to [0.5, 2] and the limit to [``floor_limit``, ``max_in_flight``] (the
   budget and the floor: under CPU contention, e.g. while refusing a flood, every round trip grows and the gradient on

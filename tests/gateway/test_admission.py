@@ -552,9 +552,8 @@ def test_min_rtt_is_measured_again_only_while_it_could_change_the_target() -> No
         _round_trip(lim, clock, 0.05)  # within the budget: the limit grows, and no measurement
     assert lim.phase is Phase.ADAPTING and lim.limit > 4
     limits = []
-    for _ in range(
-        40
-    ):  # contended, round trips of 1 s at any concurrency: the limit halves down to its floor
+    # contended, round trips of 1 s at any concurrency: the limit halves down to its floor
+    for _ in range(40):
         _contend(lim)
         limits.append(lim.limit)
         for _ in range(4):
