@@ -251,6 +251,9 @@ CLIENT_TEXT_CHARS: Final = 256
 this many characters by :func:`clip`."""
 MAX_MESSAGE_CHARS: Final = 16384
 """:func:`public_message` cuts any message to this many characters (a bound for texts no :func:`clip` shortened)."""
+MAX_NAME_BYTES: Final = 4096
+"""The longest model name, signature name or version label a request may carry, in UTF-8 bytes. No servable has a
+longer one, so a longer one is refused (:func:`name_too_long`) before its text is copied, decoded or echoed."""
 _HIDDEN: Final = "<backend>"
 
 # One token per match, left to right; every alternative is deterministic (no nested or overlapping repetition), so a
@@ -272,6 +275,26 @@ def clip(text: str, limit: int = CLIENT_TEXT_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text)} chars)"
+
+
+def name_too_long(field: str, size: int) -> InvalidArgument:
+    """The error for a name of ``size`` UTF-8 bytes, over :data:`MAX_NAME_BYTES` (``field`` as the request spells
+    it: ``signature_name``, ``model_spec.name`` ...)."""
+    return InvalidArgument(
+        f"{field} is {size:,} bytes long; at most {MAX_NAME_BYTES:,} (no model, signature or version label served "
+        "has a longer one)"
+    )
+
+
+def checked_name(field: str, text: str) -> str:
+    """``text`` when it has at most :data:`MAX_NAME_BYTES` UTF-8 bytes, else InvalidArgument (:func:`name_too_long`).
+    O(1) for short or ASCII text."""
+    if len(text) <= MAX_NAME_BYTES // 4:  # a character takes at most 4 bytes
+        return text
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        raise name_too_long(field, size)
+    return text
 
 
 def _is_ipv4(host: str) -> bool:

@@ -299,6 +299,15 @@ class BufferedBytes:
         self.current -= n
 
 
+JOIN_OFF_LOOP_BYTES: Final = 1 << 20
+"""A body at least this large is joined from its chunks on ``read_body``'s executor, not on the event loop."""
+
+
+def join_chunks(chunks: list[bytes]) -> bytes:
+    """A body's chunks as one bytes object (releases the GIL while it copies a megabyte or more)."""
+    return b"".join(chunks)
+
+
 async def read_body(
     request: Request,
     limit: int,
@@ -309,7 +318,7 @@ async def read_body(
     max_ratio: int = _DEFAULT_LIMITS.max_decompression_ratio,
 ) -> bytes:
     """The whole body, decompressed when ``Content-Encoding`` is ``gzip`` (``x-gzip``) or ``deflate``; at most
-    ``limit`` bytes either way.
+    ``limit`` bytes either way. A body of :data:`JOIN_OFF_LOOP_BYTES` or more is joined on ``executor``.
 
     Every byte kept is reserved in ``buffered`` first and added to ``held[0]``; the caller releases ``held[0]`` when
     the request ends (also on errors). A compressed body is inflated on ``executor`` (the parse threads; zlib
@@ -336,7 +345,10 @@ async def read_body(
         buffered.reserve(len(chunk))
         held[0] += len(chunk)
         chunks.append(chunk)
-    body = b"".join(chunks)
+    if executor is None or size < JOIN_OFF_LOOP_BYTES:
+        body = join_chunks(chunks)
+    else:  # one copy of tens of megabytes would hold the loop; bytes.join releases the GIL while it copies
+        body = await asyncio.get_running_loop().run_in_executor(executor, join_chunks, chunks)
     chunks.clear()
     if encoding is None or not body:
         return body

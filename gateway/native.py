@@ -53,7 +53,7 @@ import numpy as np
 
 from gateway.codec import json_tensor as jt
 from gateway.codec.json_tensor import Format
-from gateway.errors import InvalidArgument
+from gateway.errors import MAX_NAME_BYTES, InvalidArgument, name_too_long
 from schemas.manifest import FeatureKind
 
 if TYPE_CHECKING:
@@ -204,14 +204,25 @@ def check_predict(body: bytes, limits: LimitsSettings) -> tuple[str, CheckedBody
     """The ``signature_name`` ("" when absent) of a REST predict ``body`` checked natively in one pass, and the body
     kept parsed for :func:`checked_tensors`: strict JSON (no NaN/Infinity tokens, no lone surrogates, nothing after
     the root object), depth, batch and per-example list limits as ``gateway.limits.parse_document`` checks them.
-    None when the native path is off or the body needs the reference (which then words any error)."""
+    None when the native path is off or the body needs the reference (which then words any error). A signature
+    name over ``MAX_NAME_BYTES`` is refused here (``name_too_long``) without being copied into a str."""
     mod = _module()
     if mod is None or path() != "native":
         return None
-    done: tuple[str, CheckedBody] | None = mod.check_predict(
-        body, limits.max_json_depth, limits.max_instances, limits.max_ids_per_feature
+    done: tuple[str | int, CheckedBody] | None = mod.check_predict(
+        body, limits.max_json_depth, limits.max_instances, limits.max_ids_per_feature, MAX_NAME_BYTES
     )
-    return done
+    if done is None:
+        return None
+    sig, checked = done
+    return _signature(sig), checked
+
+
+def _signature(sig: str | int) -> str:
+    """The native parsers' ``signature_name``: the text, or the size of one too long to be served (refused)."""
+    if isinstance(sig, int):
+        raise name_too_long("signature_name", sig)
+    return sig
 
 
 def checked_tensors(
@@ -423,7 +434,8 @@ def rest_batch(
     depth, batch and per-example list sizes: what ``gateway.limits.parse_document`` checks). None when the native
     path is off or leaves the body to the reference (every error, and what :func:`request_features` declines; then
     ``fallback("rest_features")`` is called); the caller then runs ``parse_document`` and the reference, which word
-    every error. The batch equals ``batch_from_instances`` / ``batch_from_columns`` of the parsed body (``map_lookups`` included)."""
+    every error. The batch equals ``batch_from_instances`` / ``batch_from_columns`` of the parsed body (``map_lookups``
+    included). A signature name over ``MAX_NAME_BYTES`` is refused as :func:`check_predict` refuses it."""
     mod = _module()
     if mod is None or path() != "native" or not hasattr(mod, "rest_features"):
         return None
@@ -432,7 +444,12 @@ def rest_batch(
         None
         if layout is None
         else mod.rest_features(
-            body, layout, limits.max_json_depth, limits.max_instances, limits.max_ids_per_feature
+            body,
+            layout,
+            limits.max_json_depth,
+            limits.max_instances,
+            limits.max_ids_per_feature,
+            MAX_NAME_BYTES,
         )
     )
     if done is None:
@@ -441,7 +458,7 @@ def rest_batch(
         return None
     sig, arrays = done
     batch, fmt = _feature_batch(arrays, manifest)
-    return sig, batch, fmt
+    return _signature(sig), batch, fmt
 
 
 def _feature_batch(

@@ -8,9 +8,11 @@ def version() -> str: ...
 def predict_tensors(
     body: bytes, names: list[str], dtypes: list[int]
 ) -> tuple[dict[str, np.ndarray], str] | None: ...
+
+# the signature name is its size (an int) when it has more than max_name UTF-8 bytes
 def check_predict(
-    body: bytes, max_depth: int, max_instances: int, max_ids: int
-) -> tuple[str, CheckedBody] | None: ...
+    body: bytes, max_depth: int, max_instances: int, max_ids: int, max_name: int
+) -> tuple[str | int, CheckedBody] | None: ...
 
 class CheckedBody:
     def tensors(self, names: list[str], dtypes: list[int]) -> tuple[dict[str, np.ndarray], str] | None: ...
@@ -60,9 +62,11 @@ def body_features(
 
 # native/src/rest_body.rs: an embedding model's REST body in one pass (limits + signature_name + features)
 def rest_features(
-    body: bytes, layout: FeatureLayout, max_depth: int, max_instances: int, max_ids: int
+    body: bytes, layout: FeatureLayout, max_depth: int, max_instances: int, max_ids: int, max_name: int
 ) -> (
-    tuple[str, tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]]]
+    tuple[
+        str | int, tuple[bool, int, list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], list[np.ndarray]]
+    ]
     | None
 ): ...
 

@@ -26,7 +26,7 @@ from typing import Final, Generic, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from gateway.errors import InvalidArgument, PayloadTooLarge
+from gateway.errors import MAX_NAME_BYTES, InvalidArgument, PayloadTooLarge, name_too_long
 from schemas.gateway_settings import LimitsSettings
 from schemas.proto import tfs_pb2
 from schemas.tensors import NP_DTYPES
@@ -45,9 +45,6 @@ __all__ = [
 ]
 
 MAX_RANK: Final = 64  # dimensions of one tensor (TF's own bound is 254; no model input comes close to 64)
-MAX_NAME_BYTES: Final = (
-    4096  # a model_spec string (name, signature_name, version_label): none served is longer
-)
 _SPEC_STRINGS: Final = {1: "name", 3: "signature_name", 4: "version_label"}  # ModelSpec's string fields
 _SCAN_FIELDS: Final = (
     64  # top-level fields check_spec_sizes looks at before leaving the message to the parser
@@ -218,14 +215,7 @@ def check_spec_sizes(raw: bytes) -> None:
         check_spec_sizes_reference(raw)
     elif found:
         number, size = found
-        raise InvalidArgument(_spec_too_long_text(_SPEC_STRINGS[number], size))
-
-
-def _spec_too_long_text(field: str, size: int) -> str:
-    return (
-        f"model_spec.{field} is {size:,} bytes long; at most {MAX_NAME_BYTES:,} (no model, signature or version "
-        "label served has a longer one)"
-    )
+        raise name_too_long(f"model_spec.{_SPEC_STRINGS[number]}", size)
 
 
 def check_spec_sizes_reference(raw: bytes) -> None:
@@ -239,7 +229,7 @@ def check_spec_sizes_reference(raw: bytes) -> None:
     for number, start, end in _length_fields(raw, spec[0], spec[1], _SCAN_FIELDS):
         field = _SPEC_STRINGS.get(number)
         if field is not None and end - start > MAX_NAME_BYTES:
-            raise InvalidArgument(_spec_too_long_text(field, end - start))
+            raise name_too_long(f"model_spec.{field}", end - start)
 
 
 def _length_fields(buf: bytes, pos: int, end: int, limit: int) -> list[tuple[int, int, int]]:

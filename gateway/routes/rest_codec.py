@@ -34,6 +34,7 @@ from gateway.core.requests import (
     RegressResult,
     VersionSpec,
 )
+from gateway.errors import checked_name
 from gateway.limits import ParsePool, parse_document
 from schemas.proto import tfs_pb2
 
@@ -161,8 +162,14 @@ def check_post(
     numpy may type it (see :class:`JsonInputs`); classify/regress: the typed request."""
     doc = parse_document(body, limits)
     if api == "predict":
-        return jt.signature_name(doc), not jt.may_contain_bools(body)
+        return _signature(doc), not jt.may_contain_bools(body)
     return parse_classify_regress(api, name, spec, doc)
+
+
+def _signature(doc: Mapping[str, Any]) -> str:
+    """The body's ``signature_name`` ("" when absent); InvalidArgument when it is not a string or is longer than
+    any served (``gateway.errors.MAX_NAME_BYTES``, as the native parsers refuse it)."""
+    return checked_name("signature_name", jt.signature_name(doc))
 
 
 def _typed_arrays(
@@ -198,7 +205,7 @@ def parse_predict(
 ) -> tuple[PredictRequest, JsonInputs]:
     """``doc`` is ``body`` parsed (``gateway.limits.parse_json``: limits checked, off the loop when large)."""
     inputs = JsonInputs(doc, fast=not jt.may_contain_bools(body), body=body)
-    return PredictRequest(name, spec, jt.signature_name(doc), inputs), inputs
+    return PredictRequest(name, spec, _signature(doc), inputs), inputs
 
 
 def parse_predict_native(
@@ -241,7 +248,7 @@ def parse_classify_regress(
     """``doc``: the parsed body (see :func:`parse_predict`); builds the tf.Example Input (call it off the loop)."""
     from gateway.codec.example import input_from_json
 
-    sig = jt.signature_name(doc)
+    sig = _signature(doc)
     inp = input_from_json(doc, api)
     if api == "classify":
         return ClassifyRequest(name, spec, sig, inp)

@@ -8,7 +8,7 @@
 
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyString};
 use serde_json::{Map, Value};
 
 mod client;
@@ -394,9 +394,10 @@ impl CheckedBody {
     }
 }
 
-/// The `signature_name` ("" when absent) and the parsed body of a REST predict body that is strict JSON (no NaN/Infinity tokens, no
+/// The `signature_name` and the parsed body of a REST predict body that is strict JSON (no NaN/Infinity tokens, no
 /// lone surrogates, nothing after the root), a root object, and within the limits (depth, batch, per-example
 /// lists); None when the reference must check it (`gateway.limits.parse_document`), which also words the error.
+/// The name is given as [`name_or_size`] does ("" when absent).
 #[pyfunction]
 fn check_predict(
     py: Python<'_>,
@@ -404,8 +405,9 @@ fn check_predict(
     max_depth: usize,
     max_instances: usize,
     max_ids: usize,
-) -> Option<(String, CheckedBody)> {
-    py.allow_threads(|| {
+    max_name: usize,
+) -> PyResult<Option<(PyObject, CheckedBody)>> {
+    let checked = py.allow_threads(|| {
         if raw_depth(body) > max_depth {
             return None;
         }
@@ -414,12 +416,27 @@ fn check_predict(
         if !within_counts(obj, max_instances, max_ids) {
             return None;
         }
-        let sig = match obj.get("signature_name") {
-            None => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(_) => return None,
-        };
-        Some((sig, CheckedBody { doc }))
+        match obj.get("signature_name") {
+            None | Some(Value::String(_)) => Some(doc),
+            Some(_) => None,
+        }
+    });
+    let Some(doc) = checked else {
+        return Ok(None);
+    };
+    let sig = doc.get("signature_name").and_then(Value::as_str).unwrap_or("");
+    let sig = name_or_size(py, sig, max_name)?;
+    Ok(Some((sig, CheckedBody { doc })))
+}
+
+/// A client-sent name as Python receives it: the text when it has at most `max_name` UTF-8 bytes, else its size
+/// in bytes (an int), so that a name no servable has is refused without its text being copied into a Python
+/// string while the interpreter is held (a 60 MB `signature_name` took tens of milliseconds).
+pub(crate) fn name_or_size(py: Python<'_>, name: &str, max_name: usize) -> PyResult<PyObject> {
+    Ok(if name.len() <= max_name {
+        PyString::new(py, name).into_any().unbind()
+    } else {
+        name.len().into_pyobject(py)?.into_any().unbind()
     })
 }
 

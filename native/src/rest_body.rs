@@ -1,6 +1,6 @@
 //! An embedding model's REST predict body in ONE streaming pass: bytes -> the `FeatureBatch` arrays.
 //!
-//! `rest_features(body, layout, max_depth, max_instances, max_ids)` scans the raw bytes once (a hand-rolled
+//! `rest_features(body, layout, max_depth, max_instances, max_ids, max_name)` scans the raw bytes once (a hand-rolled
 //! scanner, no `serde_json::Value` tree, no per-value allocation) and writes each feature's ids, row splits,
 //! weights and dense values straight into its typed columnar `Vec`s while it enforces, on the way, what
 //! `gateway.limits.parse_document` checks on the text and on the parsed document: strict JSON (no NaN/Infinity
@@ -767,8 +767,9 @@ impl FeatureLayout {
     }
 }
 
-/// `(signature_name, row format?, size, sparse arrays, dense arrays)` of a raw REST predict body, parsed and
-/// checked in one pass without the GIL; None: run the reference (see the module docs).
+/// `(signature_name, (row format?, size, sparse arrays, dense arrays))` of a raw REST predict body, parsed and
+/// checked in one pass without the GIL; None: run the reference (see the module docs). The name is given as
+/// `crate::name_or_size` does: its size (an int) when it has more than `max_name` UTF-8 bytes.
 #[pyfunction]
 fn rest_features<'py>(
     py: Python<'py>,
@@ -777,7 +778,8 @@ fn rest_features<'py>(
     max_depth: usize,
     max_instances: usize,
     max_ids: usize,
-) -> PyResult<Option<(String, Arrays<'py>)>> {
+    max_name: usize,
+) -> PyResult<Option<(PyObject, Arrays<'py>)>> {
     let lim = Limits {
         max_depth,
         max_instances,
@@ -786,7 +788,10 @@ fn rest_features<'py>(
     let Some((sig, parsed)) = py.allow_threads(|| layout.scan(body, lim)) else {
         return Ok(None);
     };
-    Ok(to_python(py, layout, Some(parsed))?.map(|arrays| (sig, arrays)))
+    let Some(arrays) = to_python(py, layout, Some(parsed))? else {
+        return Ok(None);
+    };
+    Ok(Some((crate::name_or_size(py, &sig, max_name)?, arrays)))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

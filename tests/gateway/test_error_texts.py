@@ -95,7 +95,10 @@ with fake_backend() as fb:
     with TestClient(create_app(settings)) as client:
         r = client.post("/v1/models/m:predict", content=json.dumps({"signature_name": evil, "instances": [1.0]}))
         assert r.status_code == 400, r.text
-        assert r.json()["error"] == f'Serving signature name: "{evil[:256]}... ({len(evil)} chars)" not found in signature def'
+        assert r.json()["error"].startswith(f"signature_name is {len(evil):,} bytes long; at most 4,096"), r.text
+        sig = evil[:4000]  # within the bound: echoed, clipped
+        r = client.post("/v1/models/m:predict", content=json.dumps({"signature_name": sig, "instances": [1.0]}))
+        assert r.json()["error"] == f'Serving signature name: "{sig[:256]}... ({len(sig)} chars)" not found in signature def'
         r = client.post("/v1/models/m:predict", content=json.dumps({"instances": [{evil: 1.0}]}))
         assert r.status_code == 400 and f"({len(evil)} chars)" in r.json()["error"] and len(r.text) < 2000, r.text
         name = evil[:12000]  # the longest model name the request-line bound lets through

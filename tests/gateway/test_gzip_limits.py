@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from gateway import limits as limits_module
 from gateway.errors import InvalidArgument, PayloadTooLarge
-from gateway.limits import RATIO_FLOOR, inflate
+from gateway.limits import JOIN_OFF_LOOP_BYTES, RATIO_FLOOR, inflate
 from tests.gateway.conftest import passthrough_models
 
 _GIB = 1024 * 1024 * 1024
@@ -185,3 +185,40 @@ async def test_rest_gzip_is_inflated_on_a_parse_thread(
         r = await asyncio.wait_for(task, _WAIT_S)
     assert r.status_code == 200 and r.json() == {"predictions": [3.5]}, r.text
     assert threads and threads[0].startswith("embedgate-parse"), threads
+
+
+async def test_a_large_body_is_joined_on_a_parse_thread(
+    passthrough_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body of ``JOIN_OFF_LOOP_BYTES`` or more is joined from its chunks on a parse thread (one copy of tens of
+    megabytes on the loop stalled every other request), while /healthz is answered; a small one on the loop."""
+    started = threading.Event()
+    release = threading.Event()
+    threads: list[tuple[str, int]] = []
+
+    def held(chunks: list[bytes]) -> bytes:
+        size = sum(map(len, chunks))
+        threads.append((threading.current_thread().name, size))
+        if size >= JOIN_OFF_LOOP_BYTES:
+            started.set()
+            if not release.wait(_WAIT_S):
+                raise TimeoutError("the test never released the join")
+        return b"".join(chunks)
+
+    monkeypatch.setattr(limits_module, "join_chunks", held)
+    body = b'{"instances": [1.0]' + b" " * JOIN_OFF_LOOP_BYTES + b"}"
+    async with _app(passthrough_backend) as (_, client):
+        small = await client.post(_PATH, content=b'{"instances": [1.0]}')
+        task = asyncio.create_task(client.post(_PATH, content=body))
+        assert await asyncio.to_thread(started.wait, _WAIT_S), "the body was never joined"
+        health = await asyncio.wait_for(client.get("/healthz"), _WAIT_S)
+        assert health.status_code == 200
+        assert not task.done()
+        release.set()
+        r = await asyncio.wait_for(task, _WAIT_S)
+    assert small.status_code == 200 and r.status_code == 200 and r.json() == {"predictions": [3.5]}, r.text
+    (loop_thread, small_size), (parse_thread, large_size) = threads
+    assert small_size < JOIN_OFF_LOOP_BYTES <= large_size
+    assert parse_thread.startswith("embedgate-parse") and not loop_thread.startswith("embedgate-parse"), (
+        threads
+    )

@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from gateway import native
 from gateway.codec import json_tensor as jt
 from gateway.core.requests import VersionSpec
-from gateway.errors import GatewayError
+from gateway.errors import MAX_NAME_BYTES, GatewayError
 from gateway.features import FeatureBatch, batch_from_columns, batch_from_instances
 from gateway.limits import parse_document
-from gateway.routes.rest_codec import parse_predict, parse_predict_embedding
+from gateway.routes.rest_codec import _signature, parse_predict, parse_predict_embedding
 from schemas.gateway_settings import LimitsSettings
 from schemas.manifest import Manifest
 from tests.gateway.test_native_features import _FULL, _ROWS, MANIFEST, _body, _declined_form, _plain, _same
@@ -289,3 +289,44 @@ def test_the_fuzz_corpus_is_declined_or_agrees() -> None:
     """None of these bodies fits the manifest: the one pass must decline every one (the reference words them)."""
     for body in _corpus():
         assert not _check(body), body
+
+
+_NAMES: list[tuple[str, bool]] = [
+    ("a" * MAX_NAME_BYTES, True),
+    ("a" * (MAX_NAME_BYTES + 1), True),
+    ("\u00e9" * (MAX_NAME_BYTES // 2), False),  # 4,096 bytes of UTF-8, written raw
+    ("\u00e9" * (MAX_NAME_BYTES // 2 + 1), True),  # 4,098 bytes, written as \u00e9 escapes
+    ("a." * 30_000, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("sig", "escaped"), _NAMES, ids=["4096", "4097", "2-byte-4096", "escaped-4098", "60k"]
+)
+def test_a_signature_name_longer_than_any_served_is_refused_alike_by_every_path(
+    sig: str, escaped: bool
+) -> None:
+    """Over ``MAX_NAME_BYTES`` UTF-8 bytes (decoded), every path refuses the name with its size, and the native
+    parsers refuse it without building the str; at the bound, every path returns it."""
+    doc = json.loads(_plain(_ROWS, False))
+    doc["signature_name"] = sig
+    body = json.dumps(doc, ensure_ascii=escaped).encode()
+    size = len(sig.encode())
+    want = (
+        f"INVALID_ARGUMENT: signature_name is {size:,} bytes long; at most 4,096 (no model, signature or version label served has "
+        "a longer one)"
+        if size > MAX_NAME_BYTES
+        else sig
+    )
+
+    def outcome(call: Any) -> str:
+        try:
+            return str(call())
+        except GatewayError as exc:
+            return f"{exc.code.name}: {exc.message}"
+
+    with native_mode("auto"):
+        got_rest = outcome(lambda: native.rest_batch(body, MANIFEST, LIMITS)[0])  # type: ignore[index]
+        got_check = outcome(lambda: native.check_predict(body, LIMITS)[0])  # type: ignore[index]
+    got_reference = outcome(lambda: _signature(parse_document(body, LIMITS)))
+    assert (got_rest, got_check, got_reference) == (want, want, want)
