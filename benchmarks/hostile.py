@@ -375,6 +375,8 @@ class Stack:
     factors: tuple[float, ...] = (1.5, 3.0)
     # the overload class's interleaved rounds (--rounds): each offers every factor, with the capacity measured between
     rounds: int = 3
+    # --pin gateway: the niceness of the rest of the stack on the load generator's CPU (--backend-nice; 0: as others)
+    backend_nice: int = 10
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     manifest: Any = None
@@ -1177,6 +1179,18 @@ def _set_cpus(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(int(task.name), cpus)
 
 
+def _renice(pid: int, nice: int) -> bool:
+    """Every thread of ``pid`` at ``nice`` (Linux's priority is per thread; threads made later inherit). False when
+    any could not be set (a lower value than now needs CAP_SYS_NICE)."""
+    done = True
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+        except (OSError, ValueError):
+            done = False
+    return done
+
+
 def _cpu_list(cpus: set[int]) -> str:
     return ",".join(map(str, sorted(cpus)))
 
@@ -1188,10 +1202,12 @@ def _pinned(st: Stack) -> Iterator[str]:
 
     * ``gateway``: the gateway and its workers alone on :data:`_GATEWAY_CPU`; every other process this benchmark
       started (Kafka, serve-local A and B, the updater) and this process (every thread: the load generators it starts
-      inherit it) on the other CPUs. The gateway has a core of its own, as deployed; sharing one with the replicas,
-      an open loop's answers cost the gateway up to 74 % more CPU than a closed loop's (the processes woken one
-      request at a time), which is the machine's layout, not admission (docs/security.md "the gateway on a core of
-      its own").
+      inherit it) on the other CPUs, the stack's processes there at nice ``st.backend_nice`` (``--backend-nice``,
+      default 10: the load generator shares their CPU, and a client, which has a machine of its own, must not time
+      its own wait for the CPU the replicas hold). The gateway has a core of its own, as deployed; sharing one with
+      the replicas, an open loop's answers cost the gateway up to 74 % more CPU than a closed loop's (the processes
+      woken one request at a time), which is the machine's layout, not admission (docs/security.md "the gateway on
+      a core of its own").
     * ``loadgen``: the whole stack on every CPU but :data:`_LOADGEN_CPU`, this process on that one, so that a load
       generator never takes the CPU of the stack it measures (on 2 cores the stack has one CPU).
     * ``none``: nothing pinned."""
@@ -1201,15 +1217,19 @@ def _pinned(st: Stack) -> Iterator[str]:
         return
     everything = set(range(cpus))
     stack = _descendants(os.getpid())
+    backends: list[int] = []
     if st.pin == "gateway":
         gateway = {st.gateway.proc.pid, *_descendants(st.gateway.proc.pid)}
         alone, rest = {_GATEWAY_CPU}, everything - {_GATEWAY_CPU}
         for pid in stack:
             _set_cpus(pid, alone if pid in gateway else rest)
         _set_cpus(os.getpid(), rest)
+        backends = [pid for pid in stack if pid not in gateway]
+        reniced = [_renice(pid, st.backend_nice) for pid in backends]  # every one, none skipped
+        niced = st.backend_nice != 0 and all(reniced)
         how = (
             f"gateway alone on CPU {_GATEWAY_CPU}, the rest of the stack and the load generator on CPU "
-            f"{_cpu_list(rest)}"
+            f"{_cpu_list(rest)}" + (f", the rest of the stack at nice {st.backend_nice}" if niced else "")
         )
     else:
         others = everything - {_LOADGEN_CPU}
@@ -1222,6 +1242,10 @@ def _pinned(st: Stack) -> Iterator[str]:
     finally:
         for pid in [os.getpid(), *stack]:
             _set_cpus(pid, everything)
+        for pid in backends:
+            _renice(
+                pid, 0
+            )  # without CAP_SYS_NICE they stay at the higher value: the later classes are not timed
 
 
 def _capacity(codes: Sequence[str], seconds: float) -> float:
@@ -1594,6 +1618,13 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="overload: interleaved rounds of every factor, the capacity measured between them (default 3)",
     )
+    ap.add_argument(
+        "--backend-nice",
+        type=int,
+        default=10,
+        help="overload with --pin gateway: the niceness of Kafka, the replicas and the updater, which share the load "
+        "generator's CPU (default 10, so that the client is not kept from reading its answers; 0: unchanged)",
+    )
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
@@ -1608,6 +1639,7 @@ def main(argv: list[str] | None = None) -> int:
             args.gateway_set,
             args.factors,
             args.rounds,
+            args.backend_nice,
         )
         with st.stack:
             st.start()
