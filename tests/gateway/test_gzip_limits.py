@@ -13,7 +13,7 @@ import json
 import re
 import threading
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -158,6 +158,24 @@ async def test_rest_gzip_and_deflate_bodies_are_answered(passthrough_backend: An
         assert r.status_code == 400 and "truncated" in r.json()["error"], r.text
 
 
+async def _healthy_while_held(
+    client: httpx.AsyncClient,
+    post: Coroutine[Any, Any, httpx.Response],
+    started: threading.Event,
+    release: threading.Event,
+    never: str,
+) -> httpx.Response:
+    """``post``'s answer, sent while a step it reaches is held on its thread (``started`` once there, until
+    ``release``): /healthz is answered meanwhile and the request is not."""
+    task = asyncio.create_task(post)
+    assert await asyncio.to_thread(started.wait, _WAIT_S), never
+    health = await asyncio.wait_for(client.get("/healthz"), _WAIT_S)
+    assert health.status_code == 200
+    assert not task.done()
+    release.set()
+    return await asyncio.wait_for(task, _WAIT_S)
+
+
 async def test_rest_gzip_is_inflated_on_a_parse_thread(
     passthrough_backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,13 +194,8 @@ async def test_rest_gzip_is_inflated_on_a_parse_thread(
     monkeypatch.setattr(limits_module, "inflate", held)
     body = gzip.compress(json.dumps({"instances": [1.0]}).encode())
     async with _app(passthrough_backend) as (_, client):
-        task = asyncio.create_task(client.post(_PATH, content=body, headers={"content-encoding": "gzip"}))
-        assert await asyncio.to_thread(started.wait, _WAIT_S), "the body was never inflated"
-        health = await asyncio.wait_for(client.get("/healthz"), _WAIT_S)
-        assert health.status_code == 200
-        assert not task.done()
-        release.set()
-        r = await asyncio.wait_for(task, _WAIT_S)
+        post = client.post(_PATH, content=body, headers={"content-encoding": "gzip"})
+        r = await _healthy_while_held(client, post, started, release, "the body was never inflated")
     assert r.status_code == 200 and r.json() == {"predictions": [3.5]}, r.text
     assert threads and threads[0].startswith("embedgate-parse"), threads
 
@@ -209,13 +222,9 @@ async def test_a_large_body_is_joined_on_a_parse_thread(
     body = b'{"instances": [1.0]' + b" " * JOIN_OFF_LOOP_BYTES + b"}"
     async with _app(passthrough_backend) as (_, client):
         small = await client.post(_PATH, content=b'{"instances": [1.0]}')
-        task = asyncio.create_task(client.post(_PATH, content=body))
-        assert await asyncio.to_thread(started.wait, _WAIT_S), "the body was never joined"
-        health = await asyncio.wait_for(client.get("/healthz"), _WAIT_S)
-        assert health.status_code == 200
-        assert not task.done()
-        release.set()
-        r = await asyncio.wait_for(task, _WAIT_S)
+        r = await _healthy_while_held(
+            client, client.post(_PATH, content=body), started, release, "the body was never joined"
+        )
     assert small.status_code == 200 and r.status_code == 200 and r.json() == {"predictions": [3.5]}, r.text
     (loop_thread, small_size), (parse_thread, large_size) = threads
     assert small_size < JOIN_OFF_LOOP_BYTES <= large_size
