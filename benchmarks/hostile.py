@@ -1224,9 +1224,9 @@ def _pinned(st: Stack) -> Iterator[str]:
         for pid in stack:
             _set_cpus(pid, alone if pid in gateway else rest)
         _set_cpus(os.getpid(), rest)
-        backends = [pid for pid in stack if pid not in gateway]
+        backends = [pid for pid in stack if pid not in gateway] if st.backend_nice else []
         reniced = [_renice(pid, st.backend_nice) for pid in backends]  # every one, none skipped
-        niced = st.backend_nice != 0 and all(reniced)
+        niced = bool(backends) and all(reniced)
         how = (
             f"gateway alone on CPU {_GATEWAY_CPU}, the rest of the stack and the load generator on CPU "
             f"{_cpu_list(rest)}" + (f", the rest of the stack at nice {st.backend_nice}" if niced else "")
@@ -1242,10 +1242,9 @@ def _pinned(st: Stack) -> Iterator[str]:
     finally:
         for pid in [os.getpid(), *stack]:
             _set_cpus(pid, everything)
+        # without CAP_SYS_NICE they stay at the higher value: the classes after this one are not timed
         for pid in backends:
-            _renice(
-                pid, 0
-            )  # without CAP_SYS_NICE they stay at the higher value: the later classes are not timed
+            _renice(pid, 0)
 
 
 def _capacity(codes: Sequence[str], seconds: float) -> float:
