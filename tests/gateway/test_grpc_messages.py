@@ -402,3 +402,71 @@ def test_input_bytes_at_the_bounds(shape: list[int]) -> None:
     want = _reference_bytes(message, _LIMITS, _MAX_BODY)
     got = native.predict_input_bytes(raw, _ITEM_BYTES, 8, MAX_RANK, _LIMITS.max_instances, _MAX_BODY)
     assert got == (want if isinstance(want, int) else None)
+
+
+_HEAD_TEXT = st.text(max_size=6) | st.just("é" * 2048) | st.just("x" * 4097)
+_HEAD_FIELD = st.one_of(
+    st.tuples(st.sampled_from([1, 3, 4]), st.just(2), _HEAD_TEXT.map(str.encode) | st.binary(max_size=4)),
+    st.tuples(st.just(2), st.just(2), st.sampled_from([b"", b"\x08\x07"])),  # version { value: 7 }
+    st.tuples(st.integers(5, 9), st.sampled_from([0, 2]), st.binary(min_size=1, max_size=3)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    spec=st.lists(_HEAD_FIELD, max_size=4),
+    top=st.lists(
+        st.sampled_from(
+            [
+                (2, 2, b""),  # an inputs entry (not read by the head)
+                (3, 2, b"y"),  # output_filter
+                (1, 2, b""),  # a second, empty model_spec (protobuf merges it)
+                (7, 0, b"\x01"),  # an unknown field
+            ]
+        ),
+        max_size=2,
+    ),
+    spec_first=st.booleans(),
+    cut=st.none() | st.integers(0, 40),
+)
+def test_predict_head_reads_what_protobuf_reads(
+    spec: list[tuple[int, int, bytes]],
+    top: list[tuple[int, int, bytes]],
+    spec_first: bool,
+    cut: int | None,
+) -> None:
+    """``native.predict_head`` (native/src/spec_sizes.rs) against its reference, protobuf's parse: a head it reads is
+    the parsed message's name and signature of a request with no version, label or output filter, each within
+    ``MAX_NAME_BYTES``; it declines everything else (the general path decides), and never reads a wrong head."""
+    body = _wire([(1, 2, _wire(spec))]) if spec or not top else b""
+    raw = body + _wire(top) if spec_first else _wire(top) + body
+    if cut is not None:
+        raw = raw[:cut]
+    with native_mode("auto"):
+        head = native.predict_head(raw)
+    try:
+        parsed = tfs_pb2.PredictRequest.FromString(raw)
+    except Exception:  # noqa: BLE001 - protobuf refuses it: the head must not have been read
+        assert head is None
+        return
+    ms = parsed.model_spec
+    plain = (
+        ms.WhichOneof("version_choice") is None
+        and not parsed.output_filter
+        and len(ms.name.encode()) <= MAX_NAME_BYTES
+        and len(ms.signature_name.encode()) <= MAX_NAME_BYTES
+    )
+    if head is not None:
+        assert plain
+        assert head == (ms.name, ms.signature_name)
+    simple = all(n in (1, 3) for n, _, _ in spec) and len({n for n, _, _ in spec}) == len(spec)
+    if plain and simple and all(t == (2, 2, b"") for t in top) and cut is None:
+        assert head == (ms.name, ms.signature_name)  # a plain head is read, not declined
+
+
+def test_predict_head_is_none_on_the_reference_path() -> None:
+    raw = tfs_pb2.PredictRequest(model_spec=tfs_pb2.ModelSpec(name="m")).SerializeToString()
+    with native_mode("auto"):
+        assert native.predict_head(raw) == ("m", "")
+    with native_mode("off"):
+        assert native.predict_head(raw) is None
