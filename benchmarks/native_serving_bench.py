@@ -1,22 +1,19 @@
 """Embedding predict end to end, native hot path vs Python reference (issue 17): latency and gateway CPU per example.
 
 The small demo model (2 PS shards, ``unique_rows`` entry) exported split and saved whole, one serve-local serving
-both; a Kafka broker feeding the hot-row caches. Five gateways on that backend: cached and uncached, each with the
-native path (``EMBEDGATE_NATIVE`` unset) and with the Python reference (``EMBEDGATE_NATIVE=off``), and a cached
-native one with the gRPC front's express lane off (``grpc_express: false``). Targets, one
+both; a Kafka broker feeding the hot-row caches. Four gateways on that backend: cached and uncached, each with the
+native path (``EMBEDGATE_NATIVE`` unset) and with the Python reference (``EMBEDGATE_NATIVE=off``). Targets, one
 client: ``whole`` (ghz, the whole model over gRPC: the baseline), ``whole_py`` and ``entry_py`` (the bare Python gRPC
 client ``benchmarks.split_client``: the whole model, and the entry alone sent the request the gateway writes for the
 batch, the floor under every gateway target; ghz is not used for these two because its re-encoding of a request is
 dearer for the entry's many inputs than the gateway's own native client, and would overstate the floor),
-``grpc_cache`` / ``grpc_cache_ref`` (ghz, the features as tensors through a cached gateway's gRPC front;
-``grpc_cache_general``: the same without the express lane), ``grpc`` /
+``grpc_cache`` / ``grpc_cache_ref`` (ghz, the features as tensors through a cached gateway's gRPC front), ``grpc`` /
 ``grpc_ref`` (uncached), ``rest_cache`` / ``rest_cache_ref`` (vegeta, REST ``:predict`` of the instances to a cached gateway). Every round runs every target
 once in a rotated order; ratios are taken per round. Gateway CPU per example: user + system time of the gateway's
 process tree (``/proc/<pid>/stat``, parse workers included) around each run, divided by requests x batch.
 
     make bench-tools   # ghz and vegeta
     python -m benchmarks.native_serving_bench [--batches 1,64,512,4096] [--rounds 3] [--seconds 3] [--write FILE]
-        [--targets grpc_cache,grpc_cache_general]
 """
 
 from __future__ import annotations
@@ -130,7 +127,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for name, extra, env in (
                 ("cache", cache, {}),
                 ("cache_ref", cache, {"EMBEDGATE_NATIVE": "off"}),
-                ("cache_general", {**cache, "grpc_express": False}, {}),
                 ("plain", {}, {}),
                 ("plain_ref", {}, {"EMBEDGATE_NATIVE": "off"}),
             ):
@@ -173,14 +169,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "entry_py": _measured(partial(split_client, backend.target, entry_file, **one), None),
                     "grpc_cache": grpc("cache"),
                     "grpc_cache_ref": grpc("cache_ref"),
-                    "grpc_cache_general": grpc("cache_general"),
                     "grpc": grpc("plain"),
                     "grpc_ref": grpc("plain_ref"),
                     "rest_cache": rest("cache"),
                     "rest_cache_ref": rest("cache_ref"),
                 }
-                if args.targets:
-                    targets = {k: v for k, v in targets.items() if k == "whole" or k in args.targets}
                 for t in targets.values():  # warm every cache and connection
                     t()
                 print(f"batch {b}", file=sys.stderr, flush=True)
@@ -194,8 +187,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "errors": sum(r[name][0].errors for r in rounds),
                     }
                 for name in ("grpc_cache", "grpc", "rest_cache"):
-                    if name not in targets or f"{name}_ref" not in targets:
-                        continue
                     row[name]["ref_over_native"] = [
                         r[f"{name}_ref"][0].p50_ms / r[name][0].p50_ms for r in rounds
                     ]
@@ -210,16 +201,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
                 )
                 for name in ("cache", "plain")
-            }
-            # Predict calls the express lane served (gateway.grpc_front.express): every warm cached gRPC call
-            report["express_calls"] = {
-                name: int(
-                    metric_sum(
-                        httpx.get(f"{gateways[name][0].url}/metrics", timeout=10).text,
-                        "embedgate_grpc_express_total",
-                    )
-                )
-                for name in ("cache", "cache_general")
             }
     report["load_average_end"] = round(os.getloadavg()[0], 1)
     return report
@@ -254,12 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=3.0, help="per measurement (capped at 30)")
     p.add_argument("--write", type=Path, default=None, help="rewrite this benchmark's section of the file")
-    p.add_argument(
-        "--targets",
-        type=lambda s: set(s.split(",")),
-        default=None,
-        help="only these targets (comma-separated; `whole` always runs: the ratios' baseline)",
-    )
     args = p.parse_args(argv)
     args.seconds = min(args.seconds, 30.0)
     args.rounds = max(1, min(args.rounds, 10))

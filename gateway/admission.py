@@ -372,11 +372,6 @@ class Admission:
         only reads the state and counts (the gRPC front also refuses with ``receiving``)."""
         return self._shed(reason)
 
-    def would_admit_now(self) -> bool:
-        """Whether :meth:`admit` would admit a request arriving now without waiting (a free slot, nobody queued, the
-        loop not lagging). Pure: notes nothing (the gRPC front's express lane asks before it commits)."""
-        return not (self._max_lag > 0 and self._lagging) and not self._waiters and self.policy.has_room()
-
     def acquire(self) -> float:
         """Admit now or raise (never waits); returns the admission time (the clock's)."""
         if self._max_lag > 0 and self._lagging:

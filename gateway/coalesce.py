@@ -118,31 +118,16 @@ class Coalescer:
         self.dispatched = 0  # coalesced runs started (tests and metrics read it)
         self._in_flight = 0  # runs started and not finished (coalesced or not)
 
-    def goes_alone(self, examples: int) -> bool:
-        """Whether a request of ``examples`` submitted now would run at once, alone (nothing running and nothing
-        waiting, or ``max_batch`` examples or more). Pure."""
-        return examples >= self.max_batch or (self._in_flight == 0 and not self._groups)
-
-    def begin_alone(self, examples: int) -> None:
-        """A run of one request of ``examples`` starts outside :meth:`submit` (its caller found :meth:`goes_alone`
-        True on this loop since its last await): counted and observed as :meth:`submit` would; :meth:`end_alone`
-        when it ends."""
-        if self._observe is not None:
-            self._observe(1, "big" if examples >= self.max_batch else "alone")
-        self._in_flight += 1
-
-    def end_alone(self) -> None:
-        """The run :meth:`begin_alone` announced ended."""
-        self._done()
-
     async def submit(self, batch: FeatureBatch, version: VersionSpec, deadline: float) -> Outputs:
-        if self.goes_alone(batch.size):
+        if batch.size >= self.max_batch or (self._in_flight == 0 and not self._groups):
             # alone (nothing running, nothing waiting) or big: no one to wait for, go now
-            self.begin_alone(batch.size)
+            if self._observe is not None:
+                self._observe(1, "big" if batch.size >= self.max_batch else "alone")
+            self._in_flight += 1
             try:
                 return await self._run(batch, version, deadline)
             finally:
-                self.end_alone()
+                self._done()
         loop = asyncio.get_running_loop()
         group = self._groups.get(version)
         if group is None:

@@ -282,10 +282,6 @@ class BufferedBytes:
         if self.current >= self.limit:
             self._refuse()
 
-    def has_room(self, n: int) -> bool:
-        """Whether :meth:`reserve` of ``n`` bytes would succeed now."""
-        return self.current + n <= self.limit
-
     def reserve(self, n: int) -> None:
         if self.current + n > self.limit:
             self._refuse()

@@ -92,14 +92,6 @@ class Metrics:
             ["step"],
             registry=r,
         )
-        self.grpc_express = Counter(
-            "embedgate_grpc_express",
-            "gRPC Predict calls of embedding models served by the gRPC front's express lane (every row from the "
-            "hot-row cache, no Python gRPC server, one synchronous step then the entry call; "
-            "gateway.grpc_front.express), by model",
-            ["model"],
-            registry=r,
-        )
         self.coalesced = Histogram(
             "embedgate_coalesced_requests",
             "requests served by each entry call of an embedding model, by what sent the call (coalescing)",

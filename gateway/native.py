@@ -76,7 +76,6 @@ __all__ = [
     "plain_predict_request",
     "plan_lookups",
     "pool_feature",
-    "predict_head",
     "predict_response",
     "predict_tensors",
     "regress_response",
@@ -563,19 +562,6 @@ def predict_input_bytes(
     if mod is None or path() != "native" or not hasattr(mod, "predict_input_bytes"):
         return None
     found: int | None = mod.predict_input_bytes(raw, items, default_item, max_rank, max_instances, max_bytes)
-    return found
-
-
-def predict_head(raw: bytes) -> tuple[str, str] | None:
-    """``(model name, signature_name)`` of the serialized ``PredictRequest`` ``raw`` when its head is as plain as
-    the gRPC front's express lane takes (native/src/spec_sizes.rs: only ``model_spec`` and ``inputs`` at the top,
-    the spec only a name and a signature, each valid UTF-8 of at most ``MAX_NAME_BYTES``; no version, label or
-    ``output_filter``); None otherwise or when the native path is off. Reference: protobuf's parse
-    (``tests/gateway/test_grpc_express.py``)."""
-    mod = _module()
-    if mod is None or path() != "native" or not hasattr(mod, "predict_head"):
-        return None
-    found: tuple[str, str] | None = mod.predict_head(raw, MAX_NAME_BYTES)
     return found
 
 

@@ -200,7 +200,6 @@ def tensor_features(
 
 # native/src/spec_sizes.rs: a request's model_spec string sizes, from the wire format
 def spec_too_long(raw: bytes, max_bytes: int, limit: int) -> tuple[int, int] | None: ...
-def predict_head(raw: bytes, max_bytes: int) -> tuple[str, str] | None: ...
 
 # native/src/shape_check.rs: the bytes a PredictRequest's input tensors decode to, their shapes checked
 def predict_input_bytes(

@@ -257,12 +257,6 @@ class GatewaySettings(EnvOverFile):
         "the gate, off the interpreter lock and only with a known token, and answered on the gateway's loop without "
         "the Python gRPC server; false relays them to it too",
     )
-    grpc_express: bool = Field(
-        True,
-        description="with grpc_direct: an embedding model's Predict whose every row the hot-row cache holds (and "
-        "nothing else to decide: docs/gateway.md 'Express lane') is served in one synchronous step and the entry "
-        "call (gateway.grpc_front.express); false serves it by the general path",
-    )
     workers: int = Field(
         1,
         ge=1,

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
-from gateway import native
 from gateway.backends.client import BackendClient, ReplicaSet
 from gateway.cache import CachedRowSource, RowSource, ShardRows
 from gateway.coalesce import Coalescer
@@ -28,7 +27,7 @@ from gateway.core.requests import (
     VersionSpec,
 )
 from gateway.core.servable import Servable, StatusClient, available
-from gateway.core.versions import Pin, VersionPinner
+from gateway.core.versions import VersionPinner
 from gateway.errors import GatewayError, Internal, InvalidArgument, NotFound, clip
 from gateway.limits import offload
 from schemas.deployment import EmbeddingModel
@@ -85,18 +84,6 @@ class _Served:
     answered: str
     batch: FeatureBatch
     degraded: str | None
-
-
-@dataclass(frozen=True, eq=False)
-class CachedRun:
-    """A "latest" Predict whose every row the hot-row cache held, ready for its entry call
-    (:meth:`EmbeddingServable.cached_run`): the entry's serialized request, the pin it is served at, the catching-up
-    replicas' read count before it (:func:`~gateway.core.positions.stale_reads`) and its examples."""
-
-    request: bytes
-    pin: Pin
-    stale: int
-    examples: int
 
 
 class EmbeddingServable(Servable):
@@ -228,49 +215,6 @@ class EmbeddingServable(Servable):
             return None
         head = tfs_pb2.PredictRequest(model_spec=spec_msg).SerializeToString()
         return rows.cached_entry_request(head, batch, manifest, _ps_spec(spec, manifest))
-
-    def cached_run(self, raw: bytes, signature: str) -> CachedRun | None:
-        """The synchronous part of :meth:`predict` for the gRPC front's express lane (``gateway.grpc_front.express``):
-        a "latest" Predict (its serialized request ``raw``) at the fresh pin, its features read natively
-        (:func:`gateway.native.tensor_features`), its every row read from the hot-row cache and the entry's request
-        written (:meth:`_all_cached`, the cache read last: the only step that counts or ticks anything). None,
-        with nothing counted, ticked or held, whenever the general path must decide: another signature, no
-        hot-row cache, no fresh pin or a degraded one, a coalescer that would make the request wait for company, a
-        feature the native reader leaves to the reference, a row not cached. Then :meth:`cached_answer`."""
-        if signature not in ("", self.signature) or not isinstance(self.rows, CachedRowSource):
-            return None
-        pin = self.pins.fresh()
-        if pin is None or pin.degraded is not None:
-            return None
-        stale = stale_reads(self.shards)
-        try:
-            manifest = self.manifests.for_version(pin.version)
-        except GatewayError:
-            return None
-        batch = native.tensor_features(raw, manifest)
-        if batch is None or (self.coalescer is not None and not self.coalescer.goes_alone(batch.size)):
-            return None
-        spec_msg = model_spec(self.served, pin.spec, manifest.entry.signature_name)
-        wire = self._all_cached(spec_msg, batch, pin.spec, manifest)
-        return None if wire is None else CachedRun(wire, pin, stale, batch.size)
-
-    async def cached_answer(self, run: CachedRun, deadline: float) -> PredictResult:
-        """The entry's answer to ``run`` as :meth:`predict` gives it (a coalescer counts it as a run alone). Call it
-        on the loop :meth:`cached_run` ran on, with no await between them. A ``NotFound`` from the entry (the pinned
-        version went away) is raised as it is: the caller re-pins (``pins.after_not_found``) and takes the general
-        path, as :meth:`predict`'s second attempt does."""
-        coalescer = self.coalescer
-        if coalescer is not None:
-            coalescer.begin_alone(run.examples)
-        try:
-            outputs, answered = await self._entry(run.request, deadline)
-        finally:
-            if coalescer is not None:
-                coalescer.end_alone()
-        degraded = mark_stale(run.pin.degraded, self.shards, run.stale)
-        return PredictResult(
-            outputs.protos, _version_number(answered), self.signature, degraded, wire=outputs.wire
-        )
 
     async def _entry(self, req: bytes, deadline: float) -> tuple[EntryAnswer, str]:
         """The entry's answer to the serialized request ``req``, and the version that answered."""

@@ -117,11 +117,6 @@ class VersionPinner:
         self._refresh: asyncio.Task[Pin] | None = None  # the refresh of current() in flight
         self._check: asyncio.Task[Pin] | None = None  # the check of after_not_found() in flight
 
-    def fresh(self) -> Pin | None:
-        """The cached pin while it is fresh (what :meth:`current` answers without waiting or refreshing), else
-        None."""
-        return self._fresh()
-
     def _fresh(self) -> Pin | None:
         return self._pin if self._pin is not None and self._until > time.monotonic() else None
 

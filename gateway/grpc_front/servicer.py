@@ -44,9 +44,7 @@ from gateway.errors import (
     clip,
     public_message,
 )
-from gateway.grpc_front.express import ExpressLane
 from gateway.grpc_front.messages import Parsed, check_message, check_spec_sizes, parse_message
-from gateway.grpc_front.replies import DEGRADED_METADATA_KEY, predict_reply, relayed_reply, reply_spec
 from gateway.lifespan import Call, Runtime
 from gateway.limits import offload, parse_pool, release_memory_soon, request_scope
 from schemas.proto import tfs_pb2
@@ -73,7 +71,7 @@ log = logging.getLogger("embedgate.gateway")
 
 PREDICTION_SERVICE: Final = "tensorflow.serving.PredictionService"
 MODEL_SERVICE: Final = "tensorflow.serving.ModelService"
-PREDICT_PATH: Final = f"/{PREDICTION_SERVICE}/Predict"
+DEGRADED_METADATA_KEY: Final = "x-embedgate-degraded"  # trailing metadata: why the answer is degraded
 SIGNATURE_DEF_MAP_URL: Final = "type.googleapis.com/tensorflow.serving.SignatureDefMap"
 _STATUS: Final = {s.value[0]: s for s in grpc.StatusCode}
 
@@ -127,10 +125,32 @@ def _version_spec(ms: tfs_pb2.ModelSpec) -> VersionSpec:
     return VersionSpec()
 
 
+def _reply_spec(name: str, version: int | None, signature: str) -> tfs_pb2.ModelSpec:
+    out = tfs_pb2.ModelSpec(name=name, signature_name=signature)
+    if version is not None:
+        out.version.value = version
+    return out
+
+
+def _filtered(
+    outputs: Mapping[str, tfs_pb2.TensorProto], wanted: list[str]
+) -> Mapping[str, tfs_pb2.TensorProto]:
+    """``output_filter``: only the named outputs (TF Serving's check and message for an unknown alias)."""
+    if not wanted:
+        return outputs
+    for name in wanted:
+        if name not in outputs:
+            raise InvalidArgument(
+                f"output tensor alias not found in signature: {clip(name)} Outputs expected to be in the set "
+                f"{{{','.join(sorted(outputs))}}}."
+            )
+    return {name: outputs[name] for name in wanted}
+
+
 def _classify_reply(name: str, res: ClassifyResult) -> bytes:
     """The serialized ClassificationResponse (pure; on the parse threads for a large request)."""
     resp = tfs_pb2.ClassificationResponse(
-        model_spec=reply_spec(name, res.version, res.signature), result=res.result
+        model_spec=_reply_spec(name, res.version, res.signature), result=res.result
     )
     out: bytes = resp.SerializeToString()
     return out
@@ -139,10 +159,21 @@ def _classify_reply(name: str, res: ClassifyResult) -> bytes:
 def _regress_reply(name: str, res: RegressResult) -> bytes:
     """The serialized RegressionResponse (pure; on the parse threads for a large request)."""
     resp = tfs_pb2.RegressionResponse(
-        model_spec=reply_spec(name, res.version, res.signature), result=res.result
+        model_spec=_reply_spec(name, res.version, res.signature), result=res.result
     )
     out: bytes = resp.SerializeToString()
     return out
+
+
+def _relayed(wire: bytes, name: str, signature: str) -> bytes:
+    """The backend's serialized PredictResponse ``wire`` as the reply :func:`_reply_spec` gives: a ModelSpec with
+    the client's model name and ``signature`` appended. A singular message field that occurs twice is merged when
+    parsed (protobuf's rule, in every implementation), so clients read the backend's ModelSpec (its version) with
+    those two fields replaced; the outputs are the backend's bytes, never decoded or copied field by field."""
+    patch: bytes = tfs_pb2.PredictResponse(
+        model_spec=tfs_pb2.ModelSpec(name=name, signature_name=signature)
+    ).SerializeToString()
+    return wire + patch
 
 
 class _Servicer:
@@ -160,7 +191,7 @@ class _Servicer:
         # path -> (api label, request message, what answers it): the Python front's handlers and the calls the gate
         # receives whole are both built from this
         self.methods: dict[str, tuple[str, type[Message], _Fn]] = {
-            PREDICT_PATH: ("predict", tfs_pb2.PredictRequest, self.predict),
+            f"/{PREDICTION_SERVICE}/Predict": ("predict", tfs_pb2.PredictRequest, self._predict),
             f"/{PREDICTION_SERVICE}/Classify": ("classify", tfs_pb2.ClassificationRequest, self._classify),
             f"/{PREDICTION_SERVICE}/Regress": ("regress", tfs_pb2.RegressionRequest, self._regress),
             f"/{PREDICTION_SERVICE}/GetModelMetadata": (
@@ -190,7 +221,7 @@ class _Servicer:
         """A received message counted, its size reserved in the budget (``held``), its ``model_spec`` sizes checked
         before a byte of it is copied or parsed."""
         self.rt.metrics.grpc_request_bytes.inc(len(raw))
-        self.reserve(len(raw), held)
+        self._reserve(len(raw), held)
         check_spec_sizes(raw)
 
     async def _serve(
@@ -246,11 +277,11 @@ class _Servicer:
         except Exception as exc:  # noqa: BLE001 - every error becomes the call's status
             code, message = self.failure(api, exc)
         finally:
-            self.release_held(held)
+            self._release_held(held)
         await context.abort(code, message)
         raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
-    def release_held(self, held: list[int]) -> None:
+    def _release_held(self, held: list[int]) -> None:
         """Give back the bytes reserved for a message; after a large one, freed heap pages go back to the OS."""
         rt = self.rt
         if held[0]:
@@ -286,7 +317,7 @@ class _Servicer:
                 call.model = parsed.message.model_spec.name
                 if rt.auth is not None:
                     rt.auth.check(authorization, call.model)
-                self.reserve(max(0, parsed.decoded_bytes - len(raw)), extra)
+                self._reserve(max(0, parsed.decoded_bytes - len(raw)), extra)
                 resp, version, degraded = await fn(parsed.message, raw, deadline)
             del raw, parsed
             call.version = "" if version is None else str(version)
@@ -298,7 +329,7 @@ class _Servicer:
             if extra[0]:
                 rt.buffered.release(extra[0])
 
-    def reserve(self, n: int, held: list[int]) -> None:
+    def _reserve(self, n: int, held: list[int]) -> None:
         if n:
             try:
                 self.rt.buffered.reserve(n)
@@ -347,20 +378,22 @@ class _Servicer:
             raise Internal("gateway is not started")
         return self.rt.gateway
 
-    async def predict(
+    async def _predict(
         self, request: tfs_pb2.PredictRequest, raw: bytes, deadline: float
     ) -> tuple[bytes, int | None, str | None]:
         """Predict: a pass-through model's answer is relayed as the backend serialized it, with the client's
-        ModelSpec appended (see :func:`~gateway.grpc_front.replies.relayed_reply`); every other answer is built and
-        serialized here."""
+        ModelSpec appended (see :func:`_relayed`); every other answer is built and serialized here."""
         ms = request.model_spec
         wanted = list(request.output_filter)
         inputs = TensorInputs(request.inputs, None if wanted else raw, raw, self.rt.metrics.native_fallback)
         req = PredictRequest(ms.name, _version_spec(ms), ms.signature_name, inputs)
         res = await self._gw.handle(req, deadline)
         if res.wire is not None and not wanted:
-            return relayed_reply(res.wire, ms.name, res.signature), res.version, res.degraded
-        resp = predict_reply(ms.name, res, wanted)
+            return _relayed(res.wire, ms.name, res.signature), res.version, res.degraded
+        outputs = _filtered(res.outputs, wanted)
+        resp = tfs_pb2.PredictResponse(model_spec=_reply_spec(ms.name, res.version, res.signature))
+        for k, t in outputs.items():
+            resp.outputs[k].CopyFrom(t)
         return await offload(resp.SerializeToString), res.version, res.degraded
 
     async def _classify(
@@ -392,7 +425,7 @@ class _Servicer:
             if f != "signature_def":
                 raise InvalidArgument(f"Metadata field {clip(f)} is not supported")
         res = await self._gw.handle(MetadataRequest(ms.name, _version_spec(ms)), deadline)
-        resp = tfs_pb2.GetModelMetadataResponse(model_spec=reply_spec(ms.name, res.version, ""))
+        resp = tfs_pb2.GetModelMetadataResponse(model_spec=_reply_spec(ms.name, res.version, ""))
         packed = resp.metadata["signature_def"]
         packed.type_url = SIGNATURE_DEF_MAP_URL
         packed.value = res.signatures.SerializeToString()
@@ -433,8 +466,6 @@ class DirectCalls:
         self._calls: dict[asyncio.Task[None], Any] = {}  # in flight, with their DirectCall
         self._sweeper: asyncio.Task[None] | None = None
         self.methods = servicer.methods
-        # Predict of an all-cached embedding batch: one synchronous step and the entry call (grpc_express)
-        self._express = ExpressLane(servicer) if servicer.rt.settings.grpc_express else None
 
     def start(self, call: Any, raw: bytes | None) -> None:
         """Serve ``call`` (its message ``raw``, None when withheld) in a task; on the gateway's loop."""
@@ -459,14 +490,6 @@ class DirectCalls:
             self._sweeper = None
 
     async def serve(self, call: Any, raw: bytes | None) -> None:
-        express = self._express
-        if (
-            express is not None
-            and raw is not None
-            and call.path == PREDICT_PATH
-            and await express.serve(call, raw)
-        ):
-            return
         s = self._s
         rt = s.rt
         api, kind, fn = self.methods[call.path]
@@ -494,7 +517,7 @@ class DirectCalls:
         except Exception as exc:  # noqa: BLE001 - every error becomes the call's status
             code, message = s.failure(api, exc)
         finally:
-            s.release_held(held)
+            s._release_held(held)
         call.respond(int(code.value[0]), message)
 
 

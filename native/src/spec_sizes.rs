@@ -9,8 +9,6 @@
 
 use pyo3::prelude::*;
 
-use crate::wire::{Reader, LEN};
-
 /// The varint at `pos` within `buf[..end]` and the position after it; None when it does not end within 10 bytes or
 /// `end`. Values keep every bit of their 10 bytes (u128), as the reference's Python integers do.
 fn varint(buf: &[u8], mut pos: usize, end: usize) -> Option<(u128, usize)> {
@@ -93,49 +91,8 @@ fn spec_too_long(
     py.allow_threads(|| too_long(raw, max_bytes, limit))
 }
 
-/// The head of a Predict the gRPC front may serve by its express lane (`gateway.grpc_front.express`): `(name,
-/// signature_name)` of a serialized `PredictRequest` whose top-level fields are one `model_spec` (1) and `inputs`
-/// entries (2) only, the spec holding at most one `name` (1) and one `signature_name` (3), each valid UTF-8 of at most
-/// `max_bytes` bytes: no version, no label, no `output_filter`, nothing protobuf would merge or keep unknown. None
-/// for anything else (the general path then parses the message with protobuf, which is the reference).
-fn head(raw: &[u8], max_bytes: usize) -> Option<(&str, &str)> {
-    let mut r = Reader::new(raw);
-    let mut spec: Option<&[u8]> = None;
-    while !r.done() {
-        match r.tag()? {
-            (1, LEN) if spec.is_none() => spec = Some(r.bytes()?),
-            (2, LEN) => {
-                r.bytes()?;
-            }
-            _ => return None,
-        }
-    }
-    let mut s = Reader::new(spec.unwrap_or(&[]));
-    let (mut name, mut signature) = (None, None);
-    while !s.done() {
-        let slot = match s.tag()? {
-            (1, LEN) => &mut name,
-            (3, LEN) => &mut signature,
-            _ => return None,
-        };
-        let value = s.bytes()?;
-        if slot.is_some() || value.len() > max_bytes {
-            return None;
-        }
-        *slot = Some(std::str::from_utf8(value).ok()?);
-    }
-    Some((name.unwrap_or(""), signature.unwrap_or("")))
-}
-
-/// `head` for Python.
-#[pyfunction]
-fn predict_head(raw: &[u8], max_bytes: usize) -> Option<(&str, &str)> {
-    head(raw, max_bytes)
-}
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(spec_too_long, m)?)?;
-    m.add_function(wrap_pyfunction!(predict_head, m)?)
+    m.add_function(wrap_pyfunction!(spec_too_long, m)?)
 }
 
 #[cfg(test)]
@@ -154,27 +111,5 @@ mod tests {
         both.extend_from_slice(&[0x0a, 0x04, 0x0a, 0x02, b'a', b'b']);
         assert_eq!(too_long(&both, 4, 64), None);
         assert_eq!(too_long(&first[..10], 4, 64), None); // truncated: left to the parser
-    }
-
-    #[test]
-    fn a_head_is_read_only_from_a_plain_spec() {
-        // model_spec { name: "ab", signature_name: "s" }, then one inputs entry (its bytes are not read here)
-        let plain = [0x0a, 0x07, 0x0a, 0x02, b'a', b'b', 0x1a, 0x01, b's', 0x12, 0x00];
-        assert_eq!(head(&plain, 8), Some(("ab", "s")));
-        assert_eq!(head(&plain, 1), None); // a name over the bound
-        assert_eq!(head(&[0x12, 0x00], 8), Some(("", ""))); // no spec: protobuf's defaults
-        let mut versioned = plain.to_vec();
-        versioned[1] = 0x0b;
-        versioned.splice(9..9, [0x12, 0x02, 0x08, 0x03]); // version { value: 3 }
-        assert_eq!(head(&versioned, 8), None);
-        let mut filtered = plain.to_vec();
-        filtered.extend_from_slice(&[0x1a, 0x01, b'y']); // output_filter: "y"
-        assert_eq!(head(&filtered, 8), None);
-        let mut twice = plain.to_vec();
-        twice.extend_from_slice(&[0x0a, 0x00]); // a second model_spec (protobuf merges them)
-        assert_eq!(head(&twice, 8), None);
-        let invalid = [0x0a, 0x03, 0x0a, 0x01, 0xff];
-        assert_eq!(head(&invalid, 8), None); // not UTF-8
-        assert_eq!(head(&plain[..5], 8), None); // truncated
     }
 }

@@ -568,19 +568,3 @@ def test_min_rtt_is_measured_again_only_while_it_could_change_the_target() -> No
     # where the minimum decides the target (no budget), it is measured again after every interval, as before
     near = _measured(Clock(), rtt=0.08, rtt_budget_s=0.1, min_rtt_interval_s=5.0)
     assert near.min_rtt_may_decide()  # 0.08 x 1.5 >= 0.1
-
-
-async def test_would_admit_now_is_true_exactly_when_admit_takes_a_slot_at_once_and_notes_nothing() -> None:
-    metrics = Metrics()
-    adm = Admission(1, 429, 1, AdmissionSettings(adaptive=False, queue_timeout_s=30, max_queue=4), metrics)
-    assert adm.would_admit_now()
-    first = await adm.admit()
-    assert not adm.would_admit_now()  # no free slot: admit would queue
-    waiter = asyncio.create_task(adm.admit())
-    await asyncio.sleep(0)
-    adm.release(first)  # the slot goes to the waiter...
-    assert not adm.would_admit_now()  # ...so a newcomer would wait behind it
-    await waiter
-    adm.release(None)
-    assert adm.would_admit_now() and adm.current == 0
-    assert _shed(metrics, "queue_full") == 0 and _shed(metrics, "loop_lag") == 0

@@ -248,26 +248,3 @@ async def test_coalesced_predictions_equal_uncoalesced(demo_artifacts: Any, demo
     np.testing.assert_allclose(
         np.asarray(answers[True], dtype=np.float64), np.asarray(answers[False], dtype=np.float64), rtol=1e-6
     )
-
-
-async def test_a_run_begun_alone_outside_submit_holds_waiting_requests_back_as_submit_does() -> None:
-    """``goes_alone`` / ``begin_alone`` / ``end_alone`` (the gRPC front's express lane): a request submitted while
-    such a run is in flight waits for it, and goes when it ends."""
-    runs: list[int] = []
-
-    async def run(batch: Any, version: Any, deadline: float) -> Any:
-        runs.append(batch.size)
-        return {"y": np.zeros((batch.size, 1), np.float32)}, "1"
-
-    told: list[tuple[int, str]] = []
-    c = Coalescer(run, max_batch=100, max_delay_s=30, observe=_told(told))
-    assert c.goes_alone(1)
-    c.begin_alone(1)
-    assert not c.goes_alone(1) and c.goes_alone(100)  # company in flight; a big request still goes alone
-    waiting = asyncio.create_task(c.submit(_batch(2, 3), VersionSpec(), time.monotonic() + 30))
-    await asyncio.sleep(0.01)
-    assert runs == [] and not waiting.done()
-    c.end_alone()
-    await waiting
-    assert runs == [2] and c.goes_alone(1)
-    assert told == [(1, "alone"), (1, "idle")]

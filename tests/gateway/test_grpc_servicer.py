@@ -7,8 +7,7 @@ import pytest
 
 from gateway.core import VersionSpec
 from gateway.errors import Code, InvalidArgument
-from gateway.grpc_front.replies import filtered
-from gateway.grpc_front.servicer import _STATUS, _version_spec
+from gateway.grpc_front.servicer import _STATUS, _filtered, _version_spec
 from schemas.proto import tfs_pb2
 
 
@@ -27,7 +26,7 @@ def test_version_spec_from_model_spec() -> None:
 
 def test_output_filter() -> None:
     outputs = {"a": tfs_pb2.TensorProto(), "b": tfs_pb2.TensorProto()}
-    assert filtered(outputs, []) is outputs
-    assert list(filtered(outputs, ["b"])) == ["b"]
+    assert _filtered(outputs, []) is outputs
+    assert list(_filtered(outputs, ["b"])) == ["b"]
     with pytest.raises(InvalidArgument, match=r"output tensor alias not found in signature: c .*\{a,b\}"):
-        filtered(outputs, ["c"])
+        _filtered(outputs, ["c"])

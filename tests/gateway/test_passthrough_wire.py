@@ -15,8 +15,7 @@ from gateway.codec.tensor import from_ndarray
 from gateway.core.metadata import MetadataCache
 from gateway.core.passthrough import PassthroughServable
 from gateway.core.requests import VersionSpec
-from gateway.grpc_front.replies import relayed_reply
-from gateway.grpc_front.servicer import TensorInputs
+from gateway.grpc_front.servicer import TensorInputs, _relayed
 from schemas.deployment import PassthroughModel
 from schemas.proto import tfs_pb2
 
@@ -99,7 +98,7 @@ def test_reply_is_the_backends_answer_with_the_clients_name() -> None:
     res, _ = _forward(_client_request(), VersionSpec(), answer.SerializeToString())
     assert res.version == 7 and res.signature == "serving_default"
     assert res.wire == answer.SerializeToString()
-    reply = predict_pb2.PredictResponse.FromString(relayed_reply(res.wire, "client_name", res.signature))
+    reply = predict_pb2.PredictResponse.FromString(_relayed(res.wire, "client_name", res.signature))
     assert reply.model_spec.name == "client_name"
     assert reply.model_spec.version.value == 7
     assert reply.model_spec.signature_name == "serving_default"
@@ -113,7 +112,7 @@ def test_reply_signature_defaults_to_the_requested_one() -> None:
         _client_request(signature_name="sig"), VersionSpec(), _answer(None, "").SerializeToString()
     )
     assert res.version is None and res.signature == "sig"
-    reply = predict_pb2.PredictResponse.FromString(relayed_reply(res.wire, "client_name", res.signature))
+    reply = predict_pb2.PredictResponse.FromString(_relayed(res.wire, "client_name", res.signature))
     assert reply.model_spec.signature_name == "sig" and not reply.model_spec.HasField("version")
 
 
