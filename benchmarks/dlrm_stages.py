@@ -1,10 +1,13 @@
 """The cached gRPC path's in-process stages on the DLRM model, each native step against what it replaces.
 
     python -m benchmarks.dlrm_stages [--batches 512,2048] [--traffic one_user,random] [--rounds 5] [--reps 30]
+    python -m benchmarks.dlrm_stages --traffic demo [--batches 1,64,512,4096]
 
 No server and no export: the DLRM manifest of ``benchmarks.dlrm_bench`` (26 single features over 26 tables of dim 64,
 13 dense values, 2 shards, a float32 ``unique_rows`` entry) is built directly, the request is the one dlrm_bench
-sends (``tensor_content`` tensors), and a hot-row cache holds every row the batch reads, as on a warm gateway. Per
+sends (``tensor_content`` tensors), and a hot-row cache holds every row the batch reads, as on a warm gateway.
+``--traffic demo`` takes the small demo model's manifest instead (built as ``make run`` builds it) and the request
+the other benchmarks' load generators send it (``benchmarks.serving_bench._gateway_grpc_request``). Per
 stage, two variants, timed in interleaved rounds (thread CPU, median of ``--reps`` calls per round; the table gives
 the median over rounds and its spread):
 
@@ -20,9 +23,12 @@ Both variants of a stage are checked to give the same result before timing.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -84,7 +90,8 @@ def _stages(manifest: Manifest, raw: bytes) -> dict[str, tuple[Callable[[], Any]
     for shard in plan.shard_ids:
         for table, ids in shard.items():
             if ids.size:
-                cache.fill(cache.begin_read(), table, ids, rng.random((ids.size, DIM), np.float32))
+                rows = rng.random((ids.size, manifest.table(table).dim), np.float32)
+                cache.fill(cache.begin_read(), table, ids, rows)
     head = tfs_pb2.PredictRequest(model_spec=_SPEC).SerializeToString()
 
     def general() -> bytes:
@@ -111,11 +118,36 @@ def _stages(manifest: Manifest, raw: bytes) -> dict[str, tuple[Callable[[], Any]
     }
 
 
+def _dlrm_request(kind: str, batch: int, cards: list[int]) -> tuple[Manifest, bytes]:
+    raw = predict_request_for(
+        tfs_pb2.ModelSpec(name="dlrm"), list(traffic(kind, batch, cards, batch).items())
+    )
+    return dlrm_manifest(cards), raw
+
+
+def _demo_request(batch: int) -> tuple[Manifest, bytes]:
+    """The small demo model's manifest and the gRPC request of ``batch`` examples the load generators send it."""
+    from benchmarks.serving_bench import _gateway_grpc_request
+    from embedgate.export.demo import make_examples
+
+    manifest = _demo_manifest()
+    instances, _ = make_examples(batch, 5_000, seed=batch)
+    return manifest, _gateway_grpc_request(instances, manifest)
+
+
+@functools.cache
+def _demo_manifest() -> Manifest:
+    from embedgate.export.demo import build_demo
+
+    with tempfile.TemporaryDirectory(prefix="dlrm-stages-demo-") as tmp:
+        manifest: Manifest = build_demo(Path(tmp) / "demo", small=True).manifest
+    return manifest
+
+
 def run(args: argparse.Namespace) -> list[str]:
     if native.path() != "native":
         raise SystemExit("the native module is not built or EMBEDGATE_NATIVE=off (make install)")
     cards = cardinalities(args.rows)
-    manifest = dlrm_manifest(cards)
     command = (
         f"Command: `python -m benchmarks.dlrm_stages --batches {args.batches} --traffic {args.traffic} "
         f"--rounds {args.rounds} --reps {args.reps}`"
@@ -128,9 +160,7 @@ def run(args: argparse.Namespace) -> list[str]:
     ]
     for kind in args.traffic.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            raw = predict_request_for(
-                tfs_pb2.ModelSpec(name="dlrm"), list(traffic(kind, batch, cards, batch).items())
-            )
+            manifest, raw = _demo_request(batch) if kind == "demo" else _dlrm_request(kind, batch, cards)
             stages = _stages(manifest, raw)
             times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in stages}
             for r in range(args.rounds):
@@ -152,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=1_780_000, help="rows over the 26 tables (as dlrm_bench)")
     p.add_argument("--batches", default="512,2048")
-    p.add_argument("--traffic", default="one_user,random")
+    p.add_argument(
+        "--traffic",
+        default="one_user,random",
+        help="one_user, random (the DLRM model) or demo (the demo model)",
+    )
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=30)
     args = p.parse_args(argv)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -71,3 +72,24 @@ def test_the_stage_table_checks_both_variants_and_names_every_stage() -> None:
     lines = dlrm_stages.run(args)  # asserts both variants of each stage give the same result
     rows = [line for line in lines if line.startswith(("| one_user/64", "| random/64"))]
     assert [r.split(" | ")[1] for r in rows] == ["spec sizes", "shape check", "features", "read path"] * 2
+
+
+def test_the_stage_table_takes_the_demo_model_too(demo_artifacts: Any, monkeypatch: Any) -> None:
+    import argparse
+
+    import pytest
+
+    from benchmarks import dlrm_stages
+    from gateway import native
+
+    if native.path() != "native":
+        pytest.skip("embedgate_native is not built (make install)")
+    monkeypatch.setattr(dlrm_stages, "_demo_manifest", lambda: demo_artifacts.manifest)  # the session's build
+    args = argparse.Namespace(rows=20_000, batches="1,64", traffic="demo", rounds=1, reps=1)
+    lines = dlrm_stages.run(args)  # the demo's multi-valued and dense features: both variants agree
+    rows = [line for line in lines if line.startswith("| demo/")]
+    assert [r.split(" | ")[0:2] for r in rows] == [
+        [f"| demo/{b}", stage]
+        for b in (1, 64)
+        for stage in ("spec sizes", "shape check", "features", "read path")
+    ]
